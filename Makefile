@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`. Both build .venv first when missing.
+SHELL := /bin/bash
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint golden bench env clean
+
+$(STAMP): pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh $(VENV)
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+golden: $(STAMP)
+	$(VENV)/bin/python -m tests.refresh_golden
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/cli_latency.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,80 @@
+"""What each GPU kind has: memory, dense peak throughput, and the number formats it runs.
+
+Peaks are dense (no sparsity) tensor-core figures from NVIDIA's data sheets; MFU is measured against
+the peak of the precision the run computes its GEMMs in. Memory is what `torch.cuda.mem_get_info`
+reports as total, in GiB, which is a little below the marketing GB figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    memory_gib: float
+    bf16_tflops: float
+    fp8_tflops: float | None = None  # None: no FP8 tensor cores
+    fp4_tflops: float | None = None
+    fp8_blockwise: bool = False  # 1x128 / 128x128 block scaling (Hopper and later)
+    mxfp8: bool = False  # microscaling FP8 and NVFP4 need Blackwell tensor cores
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec(name="a100-40g", memory_gib=39.4, bf16_tflops=312.0),
+        GpuSpec(name="a100", memory_gib=79.2, bf16_tflops=312.0),
+        GpuSpec(name="h100", memory_gib=79.2, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True),
+        GpuSpec(name="h200", memory_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True),
+        GpuSpec(
+            name="b200",
+            memory_gib=178.4,
+            bf16_tflops=2250.0,
+            fp8_tflops=4500.0,
+            fp4_tflops=9000.0,
+            fp8_blockwise=True,
+            mxfp8=True,
+        ),
+        GpuSpec(
+            name="gb200",
+            memory_gib=184.0,
+            bf16_tflops=2500.0,
+            fp8_tflops=5000.0,
+            fp4_tflops=10000.0,
+            fp8_blockwise=True,
+            mxfp8=True,
+        ),
+    )
+}
+# The CPU smoke mode: no memory limit worth predicting, no peak to compute MFU against.
+CPU = GpuSpec(name="cpu", memory_gib=float("inf"), bf16_tflops=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Where a run goes: the job's size and the kind of GPU on every node."""
+
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = "h100"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def spec(self) -> GpuSpec:
+        return CPU if self.gpu == "cpu" else GPUS[self.gpu]
+
+
+def gpu_from_device_name(device_name: str) -> str | None:
+    """Map torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3") to a GPU kind, if known."""
+    lowered = device_name.lower()
+    for kind in ("gb200", "b200", "h200", "h100"):
+        if kind in lowered:
+            return kind
+    if "a100" in lowered:
+        return "a100-40g" if "40gb" in lowered else "a100"
+    return None

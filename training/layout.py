@@ -1,0 +1,86 @@
+"""Pipeline layouts: which layers each (pipeline rank, virtual stage) builds.
+
+Megatron-Core describes an uneven split with a layout string: one chunk per virtual pipeline stage,
+separated by "|", in the order vp_stage * PP + pp_rank; "E" is the embedding, "t" a transformer
+layer, "m" a multi-token-prediction layer, "L" the output layer and loss. "(tt|)*3" repeats a group.
+This module parses and derives such layouts in plain Python, so that the checker needs no torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CHARS = {"E", "L", "t", "m"}
+
+
+def parse(layout: str) -> list[list[str]]:
+    """Split a layout string into chunks of layer characters, as Megatron-Core reads it."""
+    text = layout.replace(",", "").replace(" ", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    chunks = [list(chunk) for chunk in text.split("|")]
+    bad = sorted({c for chunk in chunks for c in chunk} - _CHARS)
+    if bad:
+        raise ValueError(f"unknown layer characters {bad}; use E, t, m and L")
+    return chunks
+
+
+def render(chunks: list[list[str]]) -> str:
+    """The layout string of a chunk list, with runs of equal chunks folded as "(tt|)*29"."""
+    parts: list[str] = []
+    i = 0
+    while i < len(chunks):
+        j = i
+        while j + 1 < len(chunks) and chunks[j + 1] == chunks[i]:
+            j += 1
+        body = "".join(chunks[i])
+        count = j - i + 1
+        last = j == len(chunks) - 1
+        if count > 2 and not last:
+            parts.append(f"({body}|)*{count}")
+        else:
+            parts.append("|".join([body] * count) + ("" if last else "|"))
+        i = j + 1
+    return "".join(parts)
+
+
+def check(chunks: list[list[str]], num_layers: int, mtp_layers: int, pp: int, vpp: int | None) -> list[str]:
+    """Reasons why a layout cannot run with this model and pipeline, or [] when it can."""
+    problems = []
+    if len(chunks) % pp:
+        problems.append(f"has {len(chunks)} chunks, not a multiple of pipeline_model_parallel_size={pp}")
+    elif vpp is not None and len(chunks) != pp * vpp:
+        problems.append(f"has {len(chunks)} chunks but PP x VPP = {pp} x {vpp} = {pp * vpp}")
+    flat = [c for chunk in chunks for c in chunk]
+    if not flat or flat[0] != "E" or flat.count("E") != 1:
+        problems.append("must start with the embedding 'E', exactly once")
+    if not flat or flat[-1] != "L" or flat.count("L") != 1:
+        problems.append("must end with the loss 'L', exactly once")
+    if flat.count("t") != num_layers:
+        problems.append(f"holds {flat.count('t')} transformer layers 't' but model.num_layers={num_layers}")
+    if flat.count("m") != mtp_layers:
+        problems.append(f"holds {flat.count('m')} MTP layers 'm' but model.mtp_num_layers={mtp_layers}")
+    return problems
+
+
+def balanced(num_layers: int, mtp_layers: int, num_chunks: int) -> list[list[str]] | None:
+    """An uneven but balanced layout, or None when no balanced one exists.
+
+    The embedding and the loss each cost about one layer, so they take a layer's place: 126 layers
+    of Llama 3.1 405B over 64 chunks become "Et|(tt|)*62tL". Balanced means every chunk carries the
+    same number of units; anything else would leave one stage the straggler of every step.
+    """
+    units = num_layers + mtp_layers + 2
+    if units % num_chunks:
+        return None
+    per = units // num_chunks
+    sequence = ["E"] + ["t"] * num_layers + ["m"] * mtp_layers + ["L"]
+    return [sequence[i * per : (i + 1) * per] for i in range(num_chunks)]
+
+
+def decoder_layers_per_rank(chunks: list[list[str]], pp: int) -> list[int]:
+    """Transformer layers (t and m) held by each pipeline rank, over all its virtual stages."""
+    per_rank = [0] * pp
+    for index, chunk in enumerate(chunks):
+        per_rank[index % pp] += sum(1 for c in chunk if c in "tm")
+    return per_rank

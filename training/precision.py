@@ -1,0 +1,95 @@
+"""Mixed-precision presets, named as in NeMo so that users recognise them.
+
+A preset is chosen by name (`precision=bf16_with_fp8_current_scaling_mixed`). The FP8 variants run
+their GEMMs through Transformer Engine with the named scaling recipe; parameters, gradients and
+the optimizer stay in BF16/FP32 as in the plain mixed preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionPreset:
+    name: str
+    params_dtype: str  # "bf16" or "fp16": the dtype of weights and activations
+    # None, or Transformer Engine's scaling recipe: "delayed", "tensorwise" (current scaling),
+    # "blockwise" (1x128 activations / 128x128 weights), "mxfp8" (32-element blocks) or "nvfp4".
+    fp8_recipe: str | None = None
+    # "hybrid": E4M3 forward, E5M2 gradients; "e4m3" everywhere (what MXFP8 uses).
+    fp8_format: str | None = None
+    # Current scaling keeps the first and last transformer layers in BF16: they see the widest
+    # activation ranges and cost the least of the whole stack.
+    first_last_layers_bf16: bool = False
+    fp8_amax_history_len: int = 1
+    loss_scale: str | None = None  # "dynamic" for FP16: gradients underflow without it
+
+    @property
+    def needs(self) -> str | None:
+        """The tensor-core feature this preset needs: None, "fp8", "fp8_blockwise", "mxfp8", "fp4"."""
+        return {
+            None: None,
+            "delayed": "fp8",
+            "tensorwise": "fp8",
+            "blockwise": "fp8_blockwise",
+            "mxfp8": "mxfp8",
+            "nvfp4": "fp4",
+        }[self.fp8_recipe]
+
+
+def _presets() -> dict[str, PrecisionPreset]:
+    out: dict[str, PrecisionPreset] = {}
+    for dtype in ("bf16", "fp16"):
+        scale = "dynamic" if dtype == "fp16" else None
+        variants = [
+            PrecisionPreset(name=f"{dtype}_mixed", params_dtype=dtype),
+            PrecisionPreset(
+                name=f"{dtype}_with_fp8_delayed_scaling_mixed",
+                params_dtype=dtype,
+                fp8_recipe="delayed",
+                fp8_format="hybrid",
+                fp8_amax_history_len=1024,
+            ),
+            PrecisionPreset(
+                name=f"{dtype}_with_fp8_current_scaling_mixed",
+                params_dtype=dtype,
+                fp8_recipe="tensorwise",
+                fp8_format="hybrid",
+                first_last_layers_bf16=True,
+            ),
+            PrecisionPreset(
+                name=f"{dtype}_with_fp8_subchannel_scaling_mixed",
+                params_dtype=dtype,
+                fp8_recipe="blockwise",
+                fp8_format="e4m3",
+            ),
+            PrecisionPreset(
+                name=f"{dtype}_with_mxfp8_mixed", params_dtype=dtype, fp8_recipe="mxfp8", fp8_format="e4m3"
+            ),
+            PrecisionPreset(name=f"{dtype}_with_nvfp4_mixed", params_dtype=dtype, fp8_recipe="nvfp4"),
+        ]
+        for preset in variants:
+            out[preset.name] = dataclasses.replace(preset, loss_scale=scale)
+    # NeMo's older name for delayed scaling.
+    out["bf16_with_fp8_mixed"] = out["bf16_with_fp8_delayed_scaling_mixed"]
+    out["fp16_with_fp8_mixed"] = out["fp16_with_fp8_delayed_scaling_mixed"]
+    return out
+
+
+PRESETS: dict[str, PrecisionPreset] = _presets()
+
+
+def gpu_runs(gpu_spec, preset: PrecisionPreset) -> bool:
+    """Whether a GPU (training.hardware.GpuSpec) has the tensor cores the preset needs."""
+    need = preset.needs
+    if need is None:
+        return True
+    if need == "fp8":
+        return gpu_spec.fp8_tflops is not None
+    if need == "fp8_blockwise":
+        return gpu_spec.fp8_blockwise
+    if need == "mxfp8":
+        return gpu_spec.mxfp8
+    return gpu_spec.fp4_tflops is not None

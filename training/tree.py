@@ -1,0 +1,214 @@
+"""Reading, writing and overriding the config tree, without torch or NeMo-Run.
+
+Overrides use NeMo-Run's dotlist syntax (`parallel.tensor_model_parallel_size=4`,
+`precision=bf16_mixed`, `parallel.virtual_pipeline_model_parallel_size=None`). Every value is
+converted to the field's declared type, and an unknown name is rejected with the closest valid ones,
+so that a typo can never be silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from functools import cache
+from typing import Any, Union
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. `problems` lists (dotted field, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{field}: {message}" for field, message in problems))
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved type of every field of a config dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _optional_inner(tp: Any) -> tuple[Any, bool]:
+    """(X, True) for Optional[X], (tp, False) otherwise."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _parse_scalar(text: str) -> Any:
+    """A dotlist value as NeMo-Run reads it: None/null, true/false, numbers, or a string."""
+    stripped = text.strip()
+    if stripped in ("None", "null", "~"):
+        return None
+    if stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        return stripped[1:-1]
+    for convert in (int, float):
+        try:
+            return convert(stripped)
+        except ValueError:
+            pass
+    return stripped
+
+
+def coerce(value: Any, tp: Any, path: str) -> Any:
+    """Convert `value` to type `tp`, or raise ConfigError naming `path`."""
+    inner, optional = _optional_inner(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError([(path, f"may not be None (expected {_type_name(tp)})")])
+    if dataclasses.is_dataclass(inner):
+        if isinstance(value, inner):
+            return value
+        if isinstance(value, dict):
+            return from_dict(inner, value, path)
+        raise ConfigError([(path, f"expected a {inner.__name__} section, got {value!r}")])
+    if typing.get_origin(inner) is list:
+        (item_tp,) = typing.get_args(inner) or (Any,)
+        if not isinstance(value, list | tuple):
+            raise ConfigError([(path, f"expected a list, got {value!r}")])
+        return [coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif inner is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif inner is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+    elif inner is Any:
+        return value
+    raise ConfigError([(path, f"expected {_type_name(tp)}, got {value!r}")])
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = _optional_inner(tp)
+    name = getattr(inner, "__name__", str(inner))
+    return f"{name} or None" if optional else name
+
+
+def suggest(name: str, choices: list[str]) -> str:
+    """' Did you mean ...?' with the closest names, or '' when none is close."""
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    if not close:
+        # Same words in another order or with one word changed: tensor_parallel_size.
+        words = set(name.split("_"))
+        close = [c for c in choices if len(words & set(c.split("_"))) >= max(2, len(words) - 1)]
+    return f" Did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
+
+
+def _unknown(path: str, name: str, cls: type) -> ConfigError:
+    names = list(field_types(cls))
+    hint = suggest(name, names) or f" Valid fields: {', '.join(names)}."
+    return ConfigError([(path, f"unknown field '{name}' in {cls.__name__}.{hint}")])
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build a config dataclass from nested dicts (YAML, JSON), checking every name and type."""
+    types_ = field_types(cls)
+    kwargs: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if key not in types_:
+            problems += _unknown(path, key, cls).problems
+            continue
+        try:
+            kwargs[key] = coerce(value, types_[key], path)
+        except ConfigError as err:
+            problems += err.problems
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    problems += [(f"{prefix}.{m}" if prefix else m, "is required") for m in missing]
+    if problems:
+        raise ConfigError(problems)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Nested plain dicts of a config tree (for YAML, JSON and the engine's saved config)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def get_path(root: Any, path: str) -> Any:
+    node = root
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def apply_overrides(root: Any, overrides: list[str]) -> Any:
+    """Apply dotlist overrides in place and return `root`. All problems are reported at once."""
+    problems: list[tuple[str, str]] = []
+    for item in overrides:
+        try:
+            _apply_one(root, item)
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+    return root
+
+
+def _apply_one(root: Any, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError([(item, "an override needs the form field.path=value")])
+    path, text = item.split("=", 1)
+    path = path.strip()
+    parts = path.split(".")
+    node: Any = root
+    for depth, name in enumerate(parts):
+        here = ".".join(parts[: depth + 1])
+        cls = type(node)
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError([(here, f"'{'.'.join(parts[:depth])}' is a value, not a section")])
+        types_ = field_types(cls)
+        if name not in types_:
+            raise _unknown(here, name, cls)
+        if depth == len(parts) - 1:
+            tp = types_[name]
+            inner, _ = _optional_inner(tp)
+            value = _parse_list(text) if typing.get_origin(inner) is list else _parse_scalar(text)
+            setattr(node, name, coerce(value, tp, here))
+            return
+        child = getattr(node, name)
+        if child is None:
+            inner, _ = _optional_inner(types_[name])
+            raise ConfigError([(here, f"is None; set the {inner.__name__} section in the recipe first")])
+        node = child
+
+
+def _parse_list(text: str) -> Any:
+    stripped = text.strip()
+    if stripped in ("None", "null"):
+        return None
+    if stripped.startswith("[") and stripped.endswith("]"):
+        body = stripped[1:-1].strip()
+        return [_parse_scalar(v) for v in body.split(",")] if body else []
+    return [_parse_scalar(stripped)]
