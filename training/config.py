@@ -159,7 +159,7 @@ class DataConfig:
 class TrainConfig:
     global_batch_size: int
     micro_batch_size: int = 1
-    max_steps: int = 1000
+    max_steps: int = 100_000
     seed: int = 1234
     eval_interval: int = 0  # 0 disables evaluation
     eval_iters: int = 10
