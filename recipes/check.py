@@ -1,0 +1,166 @@
+"""`recipes check`: validate a resolved recipe on a cluster and predict whether it fits.
+
+Exit codes (the CLI contract): 0 valid and predicted to fit, 2 invalid, 3 valid but predicted not to
+fit in GPU memory. When a config does not fit, the same estimate is tried on a few changes a
+researcher would make (more TP or PP, the distributed optimizer, recompute) and those that fit are
+suggested.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from training.config import TrainingConfig
+from training.estimate import MemoryEstimate, estimate_memory, model_flops_per_token
+from training.finalize import Derived, finalize
+from training.hardware import Cluster
+from training.validation import Problem, validate
+
+EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
+
+
+@dataclass
+class Report:
+    cfg: TrainingConfig
+    cluster: Cluster
+    derived: Derived
+    problems: list[Problem]
+    memory: MemoryEstimate | None
+    flops_per_token: float | None
+    fixes: list[str] = field(default_factory=list)  # overrides predicted to make it fit
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is not None and self.memory.total_gib <= self.cluster.spec.memory_gib
+
+    @property
+    def exit_code(self) -> int:
+        if not self.valid:
+            return EXIT_INVALID
+        return EXIT_OK if self.fits else EXIT_NO_FIT
+
+    def to_json(self) -> dict:
+        mem = self.memory
+        return {
+            "recipe": self.cfg.name,
+            "valid": self.valid,
+            "fits": self.fits if self.valid else None,
+            "errors": [{"field": p.field, "message": p.message} for p in self.problems],
+            "world_size": self.derived.world_size,
+            "data_parallel_size": self.derived.data_parallel_size,
+            "num_microbatches": self.derived.num_microbatches,
+            "pipeline_model_parallel_layout": self.derived.pipeline_layout,
+            "gpu": self.cluster.gpu,
+            "gpu_memory_gib": _finite(self.cluster.spec.memory_gib),
+            "memory_gib_per_gpu": round(mem.total_gib, 2) if mem else None,
+            "memory_breakdown_gib": _breakdown(mem) if mem else None,
+            "model_tflops_per_token": self.flops_per_token / 1e12 if self.flops_per_token else None,
+            "fixes": self.fixes,
+        }
+
+
+def _finite(value: float) -> float | None:
+    return None if value == float("inf") else value
+
+
+def _breakdown(mem: MemoryEstimate) -> dict[str, float]:
+    parts = ("weights", "gradients", "optimizer", "activations", "logits", "overhead")
+    return {part: round(getattr(mem, f"{part}_gib"), 2) for part in parts}
+
+
+def check(cfg: TrainingConfig, cluster: Cluster, *, suggest_fixes: bool = True) -> Report:
+    derived = finalize(cfg, cluster)
+    problems = validate(cfg, cluster, derived)
+    memory = estimate_memory(cfg, cluster, derived) if not problems else None
+    flops = model_flops_per_token(cfg) if not any(p.field.startswith("model.") for p in problems) else None
+    report = Report(cfg, cluster, derived, problems, memory, flops)
+    if report.valid and not report.fits and suggest_fixes:
+        report.fixes = fixes_that_fit(cfg, cluster)
+    return report
+
+
+def _candidates(cfg: TrainingConfig, cluster: Cluster) -> list[list[str]]:
+    par = cfg.parallel
+    tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
+    out: list[list[str]] = []
+    if not cfg.optimizer.use_distributed_optimizer:
+        out.append(["optimizer.use_distributed_optimizer=true"])
+    for new_tp in (2, 4, 8):
+        if tp < new_tp <= cluster.gpus_per_node:
+            for new_pp in (pp, 2 * pp, 4 * pp, 8 * pp, 16 * pp):
+                out.append(
+                    [f"parallel.tensor_model_parallel_size={new_tp}", "parallel.sequence_parallel=true"]
+                    + ([f"parallel.pipeline_model_parallel_size={new_pp}"] if new_pp != pp else [])
+                )
+    for new_pp in (2 * pp, 4 * pp, 8 * pp, 16 * pp):
+        out.append([f"parallel.pipeline_model_parallel_size={new_pp}"])
+    if cfg.model.recompute_granularity != "full":
+        out.append(["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"])
+    return out
+
+
+def fixes_that_fit(cfg: TrainingConfig, cluster: Cluster, limit: int = 3) -> list[str]:
+    """Up to `limit` override sets, smallest change first, that validate and are predicted to fit."""
+    from training.tree import apply_overrides
+
+    found: list[str] = []
+    for overrides in _candidates(cfg, cluster):
+        trial = copy.deepcopy(cfg)
+        apply_overrides(trial, overrides)
+        report = check(trial, cluster, suggest_fixes=False)
+        if report.valid and report.fits:
+            found.append(f"{' '.join(overrides)}  (predicted {report.memory.total_gib:.1f} GiB)")
+            if len(found) == limit:
+                break
+    return found
+
+
+def render(report: Report) -> str:
+    """The short human-readable table that `recipes check` prints."""
+    cfg, d, c = report.cfg, report.derived, report.cluster
+    par = cfg.parallel
+    lines = [
+        f"recipe   {cfg.name}",
+        f"cluster  {c.num_nodes} node(s) x {c.gpus_per_node} {c.gpu.upper()} = {d.world_size} GPUs",
+        f"layout   TP {par.tensor_model_parallel_size}  PP {par.pipeline_model_parallel_size}"
+        f"  VPP {par.virtual_pipeline_model_parallel_size or '-'}  CP {par.context_parallel_size}"
+        f"  EP {par.expert_model_parallel_size}  DP {d.data_parallel_size or '?'}"
+        f"  SP {'on' if par.sequence_parallel else 'off'}",
+        f"batch    global {cfg.train.global_batch_size} = micro {cfg.train.micro_batch_size} x DP "
+        f"{d.data_parallel_size or '?'} x {d.num_microbatches or '?'} microbatches, seq {cfg.model.seq_length}",
+        f"precision {cfg.precision}",
+    ]
+    if d.pipeline_layout:
+        lines.append(f"pipeline {d.pipeline_layout}")
+    if report.flops_per_token:
+        lines.append(f"compute  {report.flops_per_token / 1e12:.3f} TFLOP per token (causal, fwd+bwd)")
+    mem = report.memory
+    if mem:
+        limit = _finite(c.spec.memory_gib)
+        lines.append("")
+        lines.append(f"memory per GPU (pipeline rank {mem.pipeline_rank}, {mem.params_per_gpu / 1e9:.2f}B params)")
+        for part, gib in _breakdown(mem).items():
+            lines.append(f"  {part:<12}{gib:>8.1f} GiB")
+        verdict = "fits" if report.fits else "DOES NOT FIT"
+        of = f" of {limit:.1f} GiB" if limit else ""
+        lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB{of}: {verdict}")
+    if report.problems:
+        lines.append("")
+        lines.append(f"{len(report.problems)} problem(s):")
+        lines += [f"  {p.field}: {p.message}" for p in report.problems]
+    elif not report.fits:
+        lines.append("")
+        if report.fixes:
+            lines.append("predicted to fit with:")
+            lines += [f"  {fix}" for fix in report.fixes]
+        else:
+            lines.append("no single change tried (TP, PP, distributed optimizer, recompute) makes it fit; use more GPUs")
+    else:
+        lines.append("")
+        lines.append("valid")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The `recipes` command: list, show, check and run catalog recipes.
+
+`list`, `show` and `check` import neither torch nor NeMo-Run, so they answer at once on a login
+node; `run` imports the launchers only when it is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from recipes.check import EXIT_INVALID, check, render
+from recipes.registry import Recipe, all_recipes, get
+from training.config import TrainingConfig
+from training.hardware import GPUS, Cluster
+from training.tree import ConfigError, apply_overrides, to_dict
+
+
+def resolve(name: str, overrides: list[str]) -> tuple[Recipe, TrainingConfig]:
+    """A catalog recipe with dotlist overrides applied; raises ConfigError naming the fields."""
+    recipe = get(name)
+    return recipe, apply_overrides(recipe.config(), overrides)
+
+
+def cluster_for(recipe: Recipe, args: argparse.Namespace) -> Cluster:
+    base = recipe.cluster
+    return Cluster(
+        num_nodes=args.nodes or base.num_nodes,
+        gpus_per_node=args.gpus_per_node or base.gpus_per_node,
+        gpu=args.gpu or base.gpu,
+    )
+
+
+def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, help="number of nodes (default: the recipe's published run)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (processes) per node")
+    parser.add_argument("--gpu", choices=[*GPUS, "cpu"], help="GPU kind (default: the recipe's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recipes", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list the catalog")
+    p.add_argument("--json", action="store_true")
+
+    for name, text in (("show", "print a resolved recipe"), ("check", "validate and estimate memory")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("recipe")
+        p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=100")
+        p.add_argument("--json", action="store_true")
+        if name == "check":
+            _add_cluster_args(p)
+
+    p = sub.add_parser("run", help="check, then launch a recipe")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*")
+    _add_cluster_args(p)
+    p.add_argument("--executor", choices=["local", "slurm", "slurm-apptainer", "slurm-bare"], default="local")
+    p.add_argument("--cluster", dest="profile", help="cluster profile (TOML) for the Slurm executors")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="cpu runs the CPU smoke mode over gloo")
+    p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
+    p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
+    p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
+    return parser
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    recipes = all_recipes()
+    if args.json:
+        rows = [
+            {
+                "name": r.name,
+                "nodes": r.cluster.num_nodes,
+                "gpus_per_node": r.cluster.gpus_per_node,
+                "gpu": r.cluster.gpu,
+                "source": r.source,
+                "summary": r.summary,
+            }
+            for r in recipes.values()
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(n) for n in recipes)
+    for r in recipes.values():
+        size = f"{r.cluster.world_size} x {r.cluster.gpu}"
+        print(f"{r.name:<{width}}  {size:<12}  {r.summary}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _, cfg = resolve(args.recipe, args.overrides)
+    data = to_dict(cfg)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    recipe, cfg = resolve(args.recipe, args.overrides)
+    report = check(cfg, cluster_for(recipe, args))
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    return report.exit_code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from recipes.launch import run_command
+
+    return run_command(args)
+
+
+def _config_error(err: ConfigError, as_json: bool) -> int:
+    if as_json:
+        errors = [{"field": f, "message": m} for f, m in err.problems]
+        print(json.dumps({"valid": False, "errors": errors}, indent=2))
+    else:
+        print(f"{len(err.problems)} problem(s):", file=sys.stderr)
+        for field, message in err.problems:
+            print(f"  {field}: {message}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
+    try:
+        return commands[args.command](args)
+    except ConfigError as err:
+        return _config_error(err, getattr(args, "json", False))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`--shrink`: the same recipe, topology and features, with a model small enough for a CPU.
+
+A shrunk recipe keeps its parallel layout (TP, PP with virtual stages, CP, SP, EP), its precision,
+its MoE / MLA / MTP features and its data settings, and replaces the sizes: 2 layers per pipeline
+chunk, hidden 64, a short sequence and a small vocabulary. `fit_to_world` then scales the layout
+down to the processes at hand (a 1024-GPU recipe on 4 CPU processes), halving the largest sizes
+first and recording every change, so the run says what it is really exercising.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from training.config import TrainingConfig
+
+HIDDEN = 64
+HEAD_DIM = 16
+
+
+def shrink(cfg: TrainingConfig) -> TrainingConfig:
+    """A copy of `cfg` with a tiny model and a few steps; layout and features unchanged."""
+    cfg = copy.deepcopy(cfg)
+    model, par = cfg.model, cfg.parallel
+    tp = par.tensor_model_parallel_size
+    chunks = par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+    model.num_layers = 2 * chunks
+    par.pipeline_model_parallel_layout = None  # 2 layers per chunk split evenly
+    model.hidden_size = HIDDEN
+    model.num_attention_heads = max(4, tp)
+    model.kv_channels = HEAD_DIM
+    if model.num_query_groups is not None:
+        model.num_query_groups = max(tp, min(model.num_query_groups, model.num_attention_heads // 2))
+    model.ffn_hidden_size = 2 * HIDDEN * max(1, tp // 2)
+    model.vocab_size = 512
+    model.seq_length = 64 * max(1, par.context_parallel_size)
+    if model.num_moe_experts:
+        model.num_moe_experts = max(4, 2 * par.expert_model_parallel_size)
+        model.moe_router_topk = min(model.moe_router_topk, 2)
+        model.moe_ffn_hidden_size = 32
+        model.moe_first_k_dense_layers = min(model.moe_first_k_dense_layers, 1)
+        if model.moe_shared_expert_intermediate_size:
+            model.moe_shared_expert_intermediate_size = 32
+    if model.multi_latent_attention:
+        model.q_lora_rank = 32 if model.q_lora_rank else None
+        model.kv_lora_rank = 16
+        model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim = HEAD_DIM, 8, HEAD_DIM
+    if model.vision is not None:
+        vision = model.vision
+        vision.num_layers, vision.hidden_size, vision.ffn_hidden_size = 2, HIDDEN, 2 * HIDDEN
+        vision.num_attention_heads, vision.image_size, vision.patch_size = 4, 32, 8
+    cfg.train.micro_batch_size = 1
+    cfg.train.max_steps = 3
+    cfg.scheduler.warmup_steps = 1
+    cfg.scheduler.decay_steps = None
+    cfg.scheduler.wsd_decay_steps = 1 if cfg.scheduler.decay_style == "wsd" else cfg.scheduler.wsd_decay_steps
+    cfg.checkpoint.save_interval = max(1, cfg.checkpoint.save_interval)
+    return cfg
+
+
+def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
+    """Scale the parallel layout down (in place) until it runs on `world` processes.
+
+    Returns the changes made, as "field: old -> new". Pipeline stages are kept longest, since the
+    pipeline schedules are what a CPU run can exercise best; context parallel goes first. The global
+    batch becomes the smallest one the new layout accepts (one or PP microbatches per rank).
+    """
+    par, changes = cfg.parallel, []
+
+    def set_(name: str, value: object) -> None:
+        old = getattr(par, name)
+        if old != value:
+            changes.append(f"parallel.{name}: {old} -> {value}")
+            setattr(par, name, value)
+
+    while par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size > world:
+        if par.context_parallel_size > 1:
+            set_("context_parallel_size", par.context_parallel_size // 2)
+        elif par.tensor_model_parallel_size >= par.pipeline_model_parallel_size:
+            set_("tensor_model_parallel_size", par.tensor_model_parallel_size // 2)
+        else:
+            set_("pipeline_model_parallel_size", par.pipeline_model_parallel_size // 2)
+    if par.tensor_model_parallel_size == 1:
+        set_("sequence_parallel", False)
+    if par.pipeline_model_parallel_size == 1:
+        set_("virtual_pipeline_model_parallel_size", None)
+    if par.expert_tensor_parallel_size is not None:
+        set_("expert_tensor_parallel_size", min(par.expert_tensor_parallel_size, par.tensor_model_parallel_size))
+    ranks_per_stage = world // par.pipeline_model_parallel_size
+    etp = par.expert_tensor_parallel_size or par.tensor_model_parallel_size
+    ep = par.expert_model_parallel_size
+    while ep > 1 and ranks_per_stage % (ep * etp):
+        ep //= 2
+    set_("expert_model_parallel_size", ep)
+    # A world that the model-parallel product does not divide runs with fewer replicas.
+    model_parallel = par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size
+    dp = max(1, world // model_parallel)
+    microbatches = par.pipeline_model_parallel_size if par.pipeline_model_parallel_size > 1 else 1
+    cfg.train.global_batch_size = cfg.train.micro_batch_size * dp * microbatches
+    if cfg.model.num_layers % (par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)):
+        cfg.model.num_layers = 2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+    if cfg.model.num_moe_experts:
+        cfg.model.num_moe_experts = max(cfg.model.num_moe_experts, 2 * ep)
+    return changes
