@@ -77,7 +77,11 @@ def check(cfg: TrainingConfig, cluster: Cluster, *, suggest_fixes: bool = True) 
     derived = finalize(cfg, cluster)
     problems = validate(cfg, cluster, derived)
     memory = estimate_memory(cfg, cluster, derived) if not problems else None
-    flops = model_flops_per_token(cfg) if not any(p.field.startswith("model.") for p in problems) else None
+    flops = (
+        model_flops_per_token(cfg)
+        if not any(p.field.startswith("model.") for p in problems)
+        else None
+    )
     report = Report(cfg, cluster, derived, problems, memory, flops)
     if report.valid and not report.fits and suggest_fixes:
         report.fixes = fixes_that_fit(cfg, cluster)
@@ -94,13 +98,22 @@ def _candidates(cfg: TrainingConfig, cluster: Cluster) -> list[list[str]]:
         if tp < new_tp <= cluster.gpus_per_node:
             for new_pp in (pp, 2 * pp, 4 * pp, 8 * pp, 16 * pp):
                 out.append(
-                    [f"parallel.tensor_model_parallel_size={new_tp}", "parallel.sequence_parallel=true"]
+                    [
+                        f"parallel.tensor_model_parallel_size={new_tp}",
+                        "parallel.sequence_parallel=true",
+                    ]
                     + ([f"parallel.pipeline_model_parallel_size={new_pp}"] if new_pp != pp else [])
                 )
     for new_pp in (2 * pp, 4 * pp, 8 * pp, 16 * pp):
         out.append([f"parallel.pipeline_model_parallel_size={new_pp}"])
     if cfg.model.recompute_granularity != "full":
-        out.append(["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"])
+        out.append(
+            [
+                "model.recompute_granularity=full",
+                "model.recompute_method=uniform",
+                "model.recompute_num_layers=1",
+            ]
+        )
     return out
 
 
@@ -138,12 +151,16 @@ def render(report: Report) -> str:
     if d.pipeline_layout:
         lines.append(f"pipeline {d.pipeline_layout}")
     if report.flops_per_token:
-        lines.append(f"compute  {report.flops_per_token / 1e12:.3f} TFLOP per token (causal, fwd+bwd)")
+        lines.append(
+            f"compute  {report.flops_per_token / 1e12:.3f} TFLOP per token (causal, fwd+bwd)"
+        )
     mem = report.memory
     if mem:
         limit = _finite(c.spec.memory_gib)
         lines.append("")
-        lines.append(f"memory per GPU (pipeline rank {mem.pipeline_rank}, {mem.params_per_gpu / 1e9:.2f}B params)")
+        lines.append(
+            f"memory per GPU (pipeline rank {mem.pipeline_rank}, {mem.params_per_gpu / 1e9:.2f}B params)"
+        )
         for part, gib in _breakdown(mem).items():
             lines.append(f"  {part:<12}{gib:>8.1f} GiB")
         verdict = "fits" if report.fits else "DOES NOT FIT"
@@ -159,7 +176,9 @@ def render(report: Report) -> str:
             lines.append("predicted to fit with:")
             lines += [f"  {fix}" for fix in report.fixes]
         else:
-            lines.append("no single change tried (TP, PP, distributed optimizer, recompute) makes it fit; use more GPUs")
+            lines.append(
+                "no single change tried (TP, PP, distributed optimizer, recompute) makes it fit; use more GPUs"
+            )
     else:
         lines.append("")
         lines.append("valid")

@@ -33,7 +33,9 @@ def cluster_for(recipe: Recipe, args: argparse.Namespace) -> Cluster:
 
 
 def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, help="number of nodes (default: the recipe's published run)")
+    parser.add_argument(
+        "--nodes", type=int, help="number of nodes (default: the recipe's published run)"
+    )
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (processes) per node")
     parser.add_argument("--gpu", choices=[*GPUS, "cpu"], help="GPU kind (default: the recipe's)")
 
@@ -45,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list the catalog")
     p.add_argument("--json", action="store_true")
 
-    for name, text in (("show", "print a resolved recipe"), ("check", "validate and estimate memory")):
+    for name, text in (
+        ("show", "print a resolved recipe"),
+        ("check", "validate and estimate memory"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=100")
@@ -57,9 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*")
     _add_cluster_args(p)
-    p.add_argument("--executor", choices=["local", "slurm", "slurm-apptainer", "slurm-bare"], default="local")
-    p.add_argument("--cluster", dest="profile", help="cluster profile (TOML) for the Slurm executors")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="cpu runs the CPU smoke mode over gloo")
+    p.add_argument(
+        "--executor", choices=["local", "slurm", "slurm-apptainer", "slurm-bare"], default="local"
+    )
+    p.add_argument(
+        "--cluster", dest="profile", help="cluster profile (TOML) for the Slurm executors"
+    )
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], help="cpu runs the CPU smoke mode over gloo"
+    )
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")

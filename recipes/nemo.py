@@ -28,7 +28,10 @@ from training.entry import pretrain
 def to_config(node: Any) -> Any:
     """The `run.Config` mirror of a config dataclass tree (other values pass through)."""
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return run.Config(type(node), **{f.name: to_config(getattr(node, f.name)) for f in dataclasses.fields(node)})
+        return run.Config(
+            type(node),
+            **{f.name: to_config(getattr(node, f.name)) for f in dataclasses.fields(node)},
+        )
     if isinstance(node, list):
         return [to_config(v) for v in node]
     return node

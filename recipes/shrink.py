@@ -29,7 +29,9 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
     model.num_attention_heads = max(4, tp)
     model.kv_channels = HEAD_DIM
     if model.num_query_groups is not None:
-        model.num_query_groups = max(tp, min(model.num_query_groups, model.num_attention_heads // 2))
+        model.num_query_groups = max(
+            tp, min(model.num_query_groups, model.num_attention_heads // 2)
+        )
     model.ffn_hidden_size = 2 * HIDDEN * max(1, tp // 2)
     model.vocab_size = 512
     model.seq_length = 64 * max(1, par.context_parallel_size)
@@ -52,7 +54,9 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
     cfg.train.max_steps = 3
     cfg.scheduler.warmup_steps = 1
     cfg.scheduler.decay_steps = None
-    cfg.scheduler.wsd_decay_steps = 1 if cfg.scheduler.decay_style == "wsd" else cfg.scheduler.wsd_decay_steps
+    cfg.scheduler.wsd_decay_steps = (
+        1 if cfg.scheduler.decay_style == "wsd" else cfg.scheduler.wsd_decay_steps
+    )
     cfg.checkpoint.save_interval = max(1, cfg.checkpoint.save_interval)
     return cfg
 
@@ -72,7 +76,12 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
             changes.append(f"parallel.{name}: {old} -> {value}")
             setattr(par, name, value)
 
-    while par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size > world:
+    while (
+        par.tensor_model_parallel_size
+        * par.pipeline_model_parallel_size
+        * par.context_parallel_size
+        > world
+    ):
         if par.context_parallel_size > 1:
             set_("context_parallel_size", par.context_parallel_size // 2)
         elif par.tensor_model_parallel_size >= par.pipeline_model_parallel_size:
@@ -84,7 +93,10 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
     if par.pipeline_model_parallel_size == 1:
         set_("virtual_pipeline_model_parallel_size", None)
     if par.expert_tensor_parallel_size is not None:
-        set_("expert_tensor_parallel_size", min(par.expert_tensor_parallel_size, par.tensor_model_parallel_size))
+        set_(
+            "expert_tensor_parallel_size",
+            min(par.expert_tensor_parallel_size, par.tensor_model_parallel_size),
+        )
     ranks_per_stage = world // par.pipeline_model_parallel_size
     etp = par.expert_tensor_parallel_size or par.tensor_model_parallel_size
     ep = par.expert_model_parallel_size
@@ -92,12 +104,20 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
         ep //= 2
     set_("expert_model_parallel_size", ep)
     # A world that the model-parallel product does not divide runs with fewer replicas.
-    model_parallel = par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size
+    model_parallel = (
+        par.tensor_model_parallel_size
+        * par.pipeline_model_parallel_size
+        * par.context_parallel_size
+    )
     dp = max(1, world // model_parallel)
     microbatches = par.pipeline_model_parallel_size if par.pipeline_model_parallel_size > 1 else 1
     cfg.train.global_batch_size = cfg.train.micro_batch_size * dp * microbatches
-    if cfg.model.num_layers % (par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)):
-        cfg.model.num_layers = 2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+    if cfg.model.num_layers % (
+        par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+    ):
+        cfg.model.num_layers = (
+            2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+        )
     if cfg.model.num_moe_experts:
         cfg.model.num_moe_experts = max(cfg.model.num_moe_experts, 2 * ep)
     return changes

@@ -13,20 +13,24 @@ unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional  # noqa: UP035 - see the module docstring
+from typing import Optional  # see the module docstring: not X | None
 
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """Architecture. Numbers come from the models' published configs (see models/)."""
 
-    arch: str = "gpt"  # "gpt" (decoder-only, dense or MoE) or "llava" (vision encoder + projector + gpt)
+    arch: str = (
+        "gpt"  # "gpt" (decoder-only, dense or MoE) or "llava" (vision encoder + projector + gpt)
+    )
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
     num_attention_heads: int
     num_query_groups: Optional[int] = None  # GQA groups; None means one per head (MHA)
-    kv_channels: Optional[int] = None  # head dimension; None means hidden_size // num_attention_heads
+    kv_channels: Optional[int] = (
+        None  # head dimension; None means hidden_size // num_attention_heads
+    )
     seq_length: int
     vocab_size: int
     # Megatron pads the vocabulary so that every TP rank holds an equal, GEMM-friendly slice.

@@ -46,7 +46,9 @@ def pipeline_chunks(cfg: TrainingConfig) -> tuple[list[list[str]] | None, str | 
     mtp = model.mtp_num_layers or 0
     if par.pipeline_model_parallel_layout:
         try:
-            return layouts.parse(par.pipeline_model_parallel_layout), par.pipeline_model_parallel_layout
+            return layouts.parse(
+                par.pipeline_model_parallel_layout
+            ), par.pipeline_model_parallel_layout
         except ValueError:
             return None, par.pipeline_model_parallel_layout
     if pp < 1 or (vpp is not None and vpp < 1):
@@ -65,9 +67,17 @@ def pipeline_chunks(cfg: TrainingConfig) -> tuple[list[list[str]] | None, str | 
 def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
     par = cfg.parallel
     world = cluster.world_size
-    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    tp, pp, cp = (
+        par.tensor_model_parallel_size,
+        par.pipeline_model_parallel_size,
+        par.context_parallel_size,
+    )
     model_parallel = tp * pp * cp
-    dp = world // model_parallel if model_parallel > 0 and world % model_parallel == 0 else None
+    dp = (
+        world // model_parallel
+        if model_parallel > 0 and world > 0 and world % model_parallel == 0
+        else None
+    )
 
     microbatches = None
     per_step = cfg.train.micro_batch_size * dp if dp else 0
@@ -77,10 +87,16 @@ def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
     etp = par.expert_tensor_parallel_size or tp
     # Expert layers regroup the same ranks: EP x ETP x expert-DP x PP = world.
     expert_group = etp * par.expert_model_parallel_size * pp
-    edp = world // expert_group if expert_group > 0 and world % expert_group == 0 else None
+    edp = (
+        world // expert_group
+        if expert_group > 0 and world > 0 and world % expert_group == 0
+        else None
+    )
 
     chunks, layout = pipeline_chunks(cfg)
-    per_rank = layouts.decoder_layers_per_rank(chunks, pp) if chunks and len(chunks) % pp == 0 else None
+    per_rank = (
+        layouts.decoder_layers_per_rank(chunks, pp) if chunks and len(chunks) % pp == 0 else None
+    )
     return Derived(
         world_size=world,
         model_parallel_size=model_parallel,
@@ -91,6 +107,8 @@ def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
         pipeline_chunks=chunks,
         pipeline_layout=layout,
         decoder_layers_per_rank=per_rank,
-        padded_vocab_size=padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, tp),
+        padded_vocab_size=padded_vocab_size(
+            cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, tp
+        ),
         preset=PRESETS.get(cfg.precision),
     )

@@ -26,8 +26,12 @@ GPUS: dict[str, GpuSpec] = {
     for spec in (
         GpuSpec(name="a100-40g", memory_gib=39.4, bf16_tflops=312.0),
         GpuSpec(name="a100", memory_gib=79.2, bf16_tflops=312.0),
-        GpuSpec(name="h100", memory_gib=79.2, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True),
-        GpuSpec(name="h200", memory_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True),
+        GpuSpec(
+            name="h100", memory_gib=79.2, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True
+        ),
+        GpuSpec(
+            name="h200", memory_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True
+        ),
         GpuSpec(
             name="b200",
             memory_gib=178.4,

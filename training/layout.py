@@ -44,11 +44,15 @@ def render(chunks: list[list[str]]) -> str:
     return "".join(parts)
 
 
-def check(chunks: list[list[str]], num_layers: int, mtp_layers: int, pp: int, vpp: int | None) -> list[str]:
+def check(
+    chunks: list[list[str]], num_layers: int, mtp_layers: int, pp: int, vpp: int | None
+) -> list[str]:
     """Reasons why a layout cannot run with this model and pipeline, or [] when it can."""
     problems = []
     if len(chunks) % pp:
-        problems.append(f"has {len(chunks)} chunks, not a multiple of pipeline_model_parallel_size={pp}")
+        problems.append(
+            f"has {len(chunks)} chunks, not a multiple of pipeline_model_parallel_size={pp}"
+        )
     elif vpp is not None and len(chunks) != pp * vpp:
         problems.append(f"has {len(chunks)} chunks but PP x VPP = {pp} x {vpp} = {pp * vpp}")
     flat = [c for chunk in chunks for c in chunk]
@@ -57,9 +61,13 @@ def check(chunks: list[list[str]], num_layers: int, mtp_layers: int, pp: int, vp
     if not flat or flat[-1] != "L" or flat.count("L") != 1:
         problems.append("must end with the loss 'L', exactly once")
     if flat.count("t") != num_layers:
-        problems.append(f"holds {flat.count('t')} transformer layers 't' but model.num_layers={num_layers}")
+        problems.append(
+            f"holds {flat.count('t')} transformer layers 't' but model.num_layers={num_layers}"
+        )
     if flat.count("m") != mtp_layers:
-        problems.append(f"holds {flat.count('m')} MTP layers 'm' but model.mtp_num_layers={mtp_layers}")
+        problems.append(
+            f"holds {flat.count('m')} MTP layers 'm' but model.mtp_num_layers={mtp_layers}"
+        )
     return problems
 
 

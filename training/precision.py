@@ -66,9 +66,14 @@ def _presets() -> dict[str, PrecisionPreset]:
                 fp8_format="e4m3",
             ),
             PrecisionPreset(
-                name=f"{dtype}_with_mxfp8_mixed", params_dtype=dtype, fp8_recipe="mxfp8", fp8_format="e4m3"
+                name=f"{dtype}_with_mxfp8_mixed",
+                params_dtype=dtype,
+                fp8_recipe="mxfp8",
+                fp8_format="e4m3",
             ),
-            PrecisionPreset(name=f"{dtype}_with_nvfp4_mixed", params_dtype=dtype, fp8_recipe="nvfp4"),
+            PrecisionPreset(
+                name=f"{dtype}_with_nvfp4_mixed", params_dtype=dtype, fp8_recipe="nvfp4"
+            ),
         ]
         for preset in variants:
             out[preset.name] = dataclasses.replace(preset, loss_scale=scale)

@@ -200,7 +200,9 @@ def _apply_one(root: Any, item: str) -> None:
         child = getattr(node, name)
         if child is None:
             inner, _ = _optional_inner(types_[name])
-            raise ConfigError([(here, f"is None; set the {inner.__name__} section in the recipe first")])
+            raise ConfigError(
+                [(here, f"is None; set the {inner.__name__} section in the recipe first")]
+            )
         node = child
 
 

@@ -30,7 +30,9 @@ def _choices(values: list[int], limit: int = 8) -> str:
     return ", ".join(str(v) for v in values[:limit]) + (", ..." if len(values) > limit else "")
 
 
-def validate(cfg: TrainingConfig, cluster: Cluster, derived: Derived | None = None) -> list[Problem]:
+def validate(
+    cfg: TrainingConfig, cluster: Cluster, derived: Derived | None = None
+) -> list[Problem]:
     """All problems of `cfg` on `cluster`; an empty list means it can run."""
     derived = derived or finalize(cfg, cluster)
     problems: list[Problem] = []
@@ -42,7 +44,11 @@ def validate(cfg: TrainingConfig, cluster: Cluster, derived: Derived | None = No
 def _cluster(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     out = []
     if cluster.gpu != "cpu" and cluster.gpu not in GPUS:
-        out.append(Problem("cluster.gpu", f"unknown GPU kind '{cluster.gpu}'; choose one of {', '.join(GPUS)}"))
+        out.append(
+            Problem(
+                "cluster.gpu", f"unknown GPU kind '{cluster.gpu}'; choose one of {', '.join(GPUS)}"
+            )
+        )
     if cluster.num_nodes < 1 or cluster.gpus_per_node < 1:
         out.append(
             Problem(
@@ -55,7 +61,11 @@ def _cluster(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
 
 def _parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     par, model = cfg.parallel, cfg.model
-    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    tp, pp, cp = (
+        par.tensor_model_parallel_size,
+        par.pipeline_model_parallel_size,
+        par.context_parallel_size,
+    )
     sizes = {
         "parallel.tensor_model_parallel_size": tp,
         "parallel.pipeline_model_parallel_size": pp,
@@ -142,7 +152,11 @@ def _pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
         return []
     out = []
     if vpp is not None and vpp < 1:
-        return [Problem("parallel.virtual_pipeline_model_parallel_size", f"must be None or >= 1, got {vpp}")]
+        return [
+            Problem(
+                "parallel.virtual_pipeline_model_parallel_size", f"must be None or >= 1, got {vpp}"
+            )
+        ]
     if vpp is not None and vpp > 1 and pp == 1:
         out.append(
             Problem(
@@ -158,14 +172,25 @@ def _pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
             except ValueError as err:
                 out.append(Problem("parallel.pipeline_model_parallel_layout", str(err)))
             return out
-        for reason in layouts.check(d.pipeline_chunks, model.num_layers, model.mtp_num_layers or 0, pp, vpp):
-            out.append(Problem("parallel.pipeline_model_parallel_layout", f"'{par.pipeline_model_parallel_layout}' {reason}"))
+        for reason in layouts.check(
+            d.pipeline_chunks, model.num_layers, model.mtp_num_layers or 0, pp, vpp
+        ):
+            out.append(
+                Problem(
+                    "parallel.pipeline_model_parallel_layout",
+                    f"'{par.pipeline_model_parallel_layout}' {reason}",
+                )
+            )
         return out
     if d.pipeline_chunks is None:
         chunks = pp * (vpp or 1)
         what = f"PP x VPP = {pp} x {vpp} = {chunks} chunks" if vpp else f"{pp} pipeline stages"
         options = [p for p in _divisors(model.num_layers) if p <= 64]
-        field = "parallel.virtual_pipeline_model_parallel_size" if vpp and model.num_layers % pp == 0 else "parallel.pipeline_model_parallel_size"
+        field = (
+            "parallel.virtual_pipeline_model_parallel_size"
+            if vpp and model.num_layers % pp == 0
+            else "parallel.pipeline_model_parallel_size"
+        )
         out.append(
             Problem(
                 field,
@@ -181,9 +206,13 @@ def _batch(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     train = cfg.train
     out = []
     if train.micro_batch_size < 1:
-        return [Problem("train.micro_batch_size", f"must be at least 1, got {train.micro_batch_size}")]
+        return [
+            Problem("train.micro_batch_size", f"must be at least 1, got {train.micro_batch_size}")
+        ]
     if train.global_batch_size < 1:
-        return [Problem("train.global_batch_size", f"must be at least 1, got {train.global_batch_size}")]
+        return [
+            Problem("train.global_batch_size", f"must be at least 1, got {train.global_batch_size}")
+        ]
     dp = d.data_parallel_size
     if dp is None:
         return out
@@ -198,7 +227,10 @@ def _batch(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 f"(e.g. {max(lower, step)} or {lower + step})",
             )
         )
-    pp, vpp = cfg.parallel.pipeline_model_parallel_size, cfg.parallel.virtual_pipeline_model_parallel_size
+    pp, vpp = (
+        cfg.parallel.pipeline_model_parallel_size,
+        cfg.parallel.virtual_pipeline_model_parallel_size,
+    )
     if d.num_microbatches is not None and vpp and vpp > 1 and d.num_microbatches % pp:
         out.append(
             Problem(
@@ -234,7 +266,9 @@ def _moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
             )
         )
     if not 1 <= model.moe_router_topk <= experts:
-        out.append(Problem("model.moe_router_topk", f"must be between 1 and num_moe_experts={experts}"))
+        out.append(
+            Problem("model.moe_router_topk", f"must be between 1 and num_moe_experts={experts}")
+        )
     pp = par.pipeline_model_parallel_size
     ranks_per_stage = d.world_size // pp if pp > 0 and d.world_size % pp == 0 else None
     etp = d.expert_tensor_parallel_size
@@ -248,7 +282,9 @@ def _moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         )
     dispatchers = ("alltoall", "allgather", "flex")
     if model.moe_token_dispatcher_type not in dispatchers:
-        out.append(Problem("model.moe_token_dispatcher_type", f"must be one of {', '.join(dispatchers)}"))
+        out.append(
+            Problem("model.moe_token_dispatcher_type", f"must be one of {', '.join(dispatchers)}")
+        )
     return out
 
 
@@ -257,7 +293,11 @@ def _model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     out = []
     if model.num_layers < 1:
         out.append(Problem("model.num_layers", f"must be at least 1, got {model.num_layers}"))
-    if model.kv_channels is None and not model.multi_latent_attention and model.hidden_size % model.num_attention_heads:
+    if (
+        model.kv_channels is None
+        and not model.multi_latent_attention
+        and model.hidden_size % model.num_attention_heads
+    ):
         out.append(
             Problem(
                 "model.num_attention_heads",
@@ -276,13 +316,18 @@ def _model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     choices = {
         "model.normalization": (model.normalization, ("RMSNorm", "LayerNorm")),
         "model.activation": (model.activation, ("swiglu", "gelu")),
-        "model.position_embedding_type": (model.position_embedding_type, ("rope", "learned_absolute", "none")),
+        "model.position_embedding_type": (
+            model.position_embedding_type,
+            ("rope", "learned_absolute", "none"),
+        ),
         "model.recompute_granularity": (model.recompute_granularity, (None, "selective", "full")),
         "model.arch": (model.arch, ("gpt", "llava")),
     }
     for field, (value, allowed) in choices.items():
         if value not in allowed:
-            out.append(Problem(field, f"'{value}' is not one of {', '.join(str(a) for a in allowed)}"))
+            out.append(
+                Problem(field, f"'{value}' is not one of {', '.join(str(a) for a in allowed)}")
+            )
     if model.recompute_granularity == "full" and model.recompute_method not in ("uniform", "block"):
         out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
     if model.arch == "llava" and model.vision is None:
@@ -321,7 +366,10 @@ def _cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         out.append(Problem("parallel.sequence_parallel", f"sequence parallel {why}"))
     if cfg.model.num_moe_experts and cfg.model.moe_token_dispatcher_type != "allgather":
         out.append(
-            Problem("model.moe_token_dispatcher_type", f"'{cfg.model.moe_token_dispatcher_type}' {why}; use allgather")
+            Problem(
+                "model.moe_token_dispatcher_type",
+                f"'{cfg.model.moe_token_dispatcher_type}' {why}; use allgather",
+            )
         )
     if d.preset is not None and d.preset.fp8_recipe is not None:
         out.append(Problem("precision", f"{cfg.precision} {why}; use bf16_mixed"))
@@ -329,7 +377,14 @@ def _cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
 
 
 def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    opt, sched, train, data, ckpt, log = cfg.optimizer, cfg.scheduler, cfg.train, cfg.data, cfg.checkpoint, cfg.logging
+    opt, sched, train, data, ckpt, log = (
+        cfg.optimizer,
+        cfg.scheduler,
+        cfg.train,
+        cfg.data,
+        cfg.checkpoint,
+        cfg.logging,
+    )
     out = []
     enums = {
         "optimizer.optimizer": (opt.optimizer, ("adam", "sgd")),
@@ -337,7 +392,10 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         "scheduler.wsd_decay_style": (sched.wsd_decay_style, ("linear", "cosine", "exponential")),
         "data.kind": (data.kind, ("mock", "indexed", "sft", "energon")),
         "train.device": (train.device, ("auto", "cuda", "cpu")),
-        "checkpoint.dist_optimizer_sharding": (ckpt.dist_optimizer_sharding, ("dp_reshardable", "fully_reshardable")),
+        "checkpoint.dist_optimizer_sharding": (
+            ckpt.dist_optimizer_sharding,
+            ("dp_reshardable", "fully_reshardable"),
+        ),
         "logging.wandb_mode": (log.wandb_mode, ("online", "offline", "disabled")),
     }
     for field, (value, allowed) in enums.items():
@@ -359,13 +417,24 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
             )
         )
     if sched.decay_style == "wsd" and not sched.wsd_decay_steps:
-        out.append(Problem("scheduler.wsd_decay_steps", "the 'wsd' schedule needs the length of its decay phase"))
+        out.append(
+            Problem(
+                "scheduler.wsd_decay_steps",
+                "the 'wsd' schedule needs the length of its decay phase",
+            )
+        )
     if data.kind in ("indexed", "sft", "energon") and not data.path:
         out.append(Problem("data.path", f"data.kind='{data.kind}' needs a path to the dataset"))
     if data.kind in ("indexed", "sft") and not data.tokenizer:
-        out.append(Problem("data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"))
+        out.append(
+            Problem(
+                "data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"
+            )
+        )
     if ckpt.save_interval < 1:
-        out.append(Problem("checkpoint.save_interval", f"must be at least 1, got {ckpt.save_interval}"))
+        out.append(
+            Problem("checkpoint.save_interval", f"must be at least 1, got {ckpt.save_interval}")
+        )
     if ckpt.keep_last < 0:
         out.append(Problem("checkpoint.keep_last", "must be 0 (keep all) or more"))
     return out
