@@ -23,5 +23,7 @@ python=$(find_python) || {
 }
 echo "using $python ($("$python" --version))"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[dev]"
+# This machine's pip also looks in local mirrors; their "Location ... is ignored" warnings are noise.
+quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+quiet "$venv/bin/python" -m pip install --quiet --upgrade pip
+quiet "$venv/bin/python" -m pip install --quiet -e ".[dev]"
