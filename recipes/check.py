@@ -118,18 +118,27 @@ def _candidates(cfg: TrainingConfig, cluster: Cluster) -> list[list[str]]:
 
 
 def fixes_that_fit(cfg: TrainingConfig, cluster: Cluster, limit: int = 3) -> list[str]:
-    """Up to `limit` override sets, smallest change first, that validate and are predicted to fit."""
+    """Up to `limit` changes, fewest nodes and smallest change first, predicted to fit.
+
+    Each is a set of overrides (plus `--nodes N` where the job must grow), checked with the same
+    rules and estimate as the config itself, so a suggestion is never itself invalid.
+    """
     from training.tree import apply_overrides
 
     found: list[str] = []
-    for overrides in _candidates(cfg, cluster):
-        trial = copy.deepcopy(cfg)
-        apply_overrides(trial, overrides)
-        report = check(trial, cluster, suggest_fixes=False)
-        if report.valid and report.fits:
-            found.append(f"{' '.join(overrides)}  (predicted {report.memory.total_gib:.1f} GiB)")
-            if len(found) == limit:
-                break
+    for nodes in (cluster.num_nodes * k for k in (1, 2, 4, 8, 16, 32, 64)):
+        bigger = Cluster(num_nodes=nodes, gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu)
+        for overrides in [[]] * (nodes != cluster.num_nodes) + _candidates(cfg, bigger):
+            trial = copy.deepcopy(cfg)
+            apply_overrides(trial, overrides)
+            report = check(trial, bigger, suggest_fixes=False)
+            if report.valid and report.fits:
+                change = ([f"--nodes {nodes}"] if nodes != cluster.num_nodes else []) + overrides
+                found.append(f"{' '.join(change)}  (predicted {report.memory.total_gib:.1f} GiB)")
+                if len(found) == limit:
+                    return found
+        if found:
+            return found
     return found
 
 
