@@ -1,0 +1,143 @@
+"""Pretraining datasets: Megatron-Core's GPT datasets over mock data or an indexed (.bin/.idx) blend.
+
+Built with `BlendedMegatronDatasetBuilder`, exactly as Megatron-LM's `pretrain_gpt.py` does, so that
+sample order, blending and the on-disk index caches match what users of Megatron-LM know.
+
+Caveats (megatron-core 0.19, read from its sources):
+- No CUDA is needed. `torch.distributed` is optional: without a process group every caller builds
+  its own datasets; with one, global rank 0 builds first (and writes the index caches), the others
+  wait at a barrier of the default group and then read the caches. So every rank must call this,
+  including those for which `is_built_on_rank()` is False (they get None back).
+- The index caches go to `cache_dir`, or by default to `<prefix>/cache/GPTDataset_indices` next to
+  the data, which must then be writable. Pass a run-local folder for read-only shared datasets.
+- `data.split` is ignored for mock data: Megatron splits its mock stream evenly ("1,1,1").
+- A sample holds seq_length + 1 tokens from the stream: `tokens` and `labels` are both seq_length
+  long, shifted by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.config import TrainingConfig
+
+
+def _always() -> bool:
+    return True
+
+
+def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
+    """data.path -> Megatron blend: "prefix", "p1 p2 ..." or "w1 p1 w2 p2 ..." (weights first)."""
+    parts = path.split()
+    if not parts:
+        raise ValueError("data.path is empty; give a dataset prefix or 'w1 prefix1 w2 prefix2 ...'")
+
+    def is_number(s: str) -> bool:
+        try:
+            float(s)
+        except ValueError:
+            return False
+        return True
+
+    if not any(is_number(p) for p in parts):
+        return parts, None  # prefixes only: Megatron weighs them by their size
+    weights, prefixes = parts[0::2], parts[1::2]
+    if len(parts) % 2 or not all(map(is_number, weights)) or any(map(is_number, prefixes)):
+        raise ValueError(
+            f"data.path={path!r} is not a blend: write 'prefix' or 'weight prefix weight prefix ...' "
+            "(e.g. '0.7 /data/web 0.3 /data/code')"
+        )
+    w = [float(x) for x in weights]
+    if any(x < 0 for x in w) or sum(w) <= 0:
+        raise ValueError(f"data.path={path!r}: blend weights must be non-negative, not all zero")
+    return prefixes, w
+
+
+def _check_prefixes(path: str, prefixes: list[str]) -> None:
+    """Name data.path and the missing files before Megatron fails on an assert deep inside."""
+    import os
+
+    for prefix in prefixes:
+        missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"data.path={path!r}: dataset prefix {prefix!r} lacks {' and '.join(missing)}. "
+                "A prefix is the path without .bin/.idx; make one with "
+                "`python -m data.jsonl_to_indexed --input x.jsonl --tokenizer tok.json "
+                f"--output-prefix {prefix} --append-eod`"
+            )
+
+
+def build_pretrain_datasets(
+    cfg: TrainingConfig,
+    tokenizer: Any,
+    train_samples: int,
+    valid_samples: int,
+    test_samples: int = 0,
+    *,
+    is_built_on_rank: Callable[[], bool] = _always,
+    cache_dir: str | None = None,
+    create_attention_mask: bool = False,
+) -> tuple[Any, Any, Any]:
+    """(train, valid, test) Megatron datasets for cfg.data.kind "mock" or "indexed".
+
+    `tokenizer` is what `data.tokenizer.build_tokenizer(cfg)` returns. `is_built_on_rank` says
+    whether this rank reads data at all (Megatron-LM: TP rank 0 on the first and last pipeline
+    stages); it must be True on global rank 0. A split with 0 requested samples, or weight 0 in
+    data.split, comes back as None; others hold at least the requested samples (whole epochs). `create_attention_mask` is off because a causal model builds its mask itself; on, every
+    sample carries a seq_length x seq_length bool mask (64 MiB at 8k tokens).
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    data = cfg.data
+    if data.kind == "mock":
+        blend, dataset_cls = None, MockGPTDataset
+    elif data.kind == "indexed":
+        if not data.path:
+            raise ValueError("data.kind='indexed' needs data.path (a prefix or a weighted blend)")
+        blend = parse_blend(data.path)
+        _check_prefixes(data.path, blend[0])
+        dataset_cls = GPTDataset
+    else:
+        raise ValueError(
+            f"data.kind={data.kind!r} is not a pretraining dataset here; build_pretrain_datasets "
+            "handles 'mock' and 'indexed'"
+        )
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        # Ids beyond the embedding table fail late and obscurely inside the model.
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size}, data.tokenizer={data.tokenizer!r}); raise model.vocab_size"
+        )
+    for name, n in (("train", train_samples), ("valid", valid_samples), ("test", test_samples)):
+        if n < 0:
+            raise ValueError(f"{name}_samples must be >= 0, got {n}")
+
+    config = GPTDatasetConfig(
+        random_seed=data.seed,
+        sequence_length=cfg.model.seq_length,
+        blend=blend,
+        split=data.split if blend is not None else None,
+        path_to_cache=cache_dir,
+        tokenizer=tokenizer,
+        # Documents are concatenated into samples; positions and attention run across their
+        # boundaries as in Megatron-LM's defaults.
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=create_attention_mask,
+        mmap_bin_files=True,
+    )
+    builder = BlendedMegatronDatasetBuilder(
+        dataset_cls, [train_samples, valid_samples, test_samples], is_built_on_rank, config
+    )
+    datasets = builder.build()
+    # 0 requested samples means "not wanted": Megatron would still hand back a whole epoch.
+    sizes = (train_samples, valid_samples, test_samples)
+    train, valid, test = (ds if n > 0 else None for ds, n in zip(datasets, sizes, strict=True))
+    return train, valid, test
