@@ -1,0 +1,110 @@
+"""DeepSeek-V3 pretraining recipes (MLA, MoE, multi-token prediction) on layouts NVIDIA published.
+
+Sources are rows of the Megatron-Bridge performance summary; their exact settings live in
+Megatron-Bridge's scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (V1
+presets). The base recipe runs bf16_mixed on the published H100 layout; variants change what the
+run on other hardware or precision changed. Those runs dispatched tokens with the "flex"
+dispatcher (HybridEP) and recomputed single modules (mla_up_proj, mlp); these recipes use the
+alltoall dispatcher and no recompute, the engine's defaults.
+
+61 decoder layers + 1 MTP layer + embedding + loss make 64 units: finalize spreads them evenly over
+the pipeline chunks (2 per chunk at PP8 x VP4, the published "Et|(tt|)*30mL"), so no recipe needs
+an explicit pipeline_model_parallel_layout.
+"""
+
+from __future__ import annotations
+
+from models.deepseek import deepseek_v3
+from recipes.registry import recipe
+from training.config import (
+    CheckpointConfig,
+    DataConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    TrainConfig,
+    TrainingConfig,
+)
+
+FP8_BLOCKWISE = "bf16_with_fp8_subchannel_scaling_mixed"
+MB = "Megatron-Bridge performance summary"
+
+
+def _pretrain(parallel: ParallelConfig, *, global_batch_size: int) -> TrainingConfig:
+    """What every DeepSeek-V3 recipe shares: the report's AdamW and schedule, mock data."""
+    model = deepseek_v3(seq_length=4096)  # the report pretrains at 4K and extends with YaRN later
+    model.moe_token_dispatcher_type, model.moe_grouped_gemm = "alltoall", True
+    # The published runs keep experts' tensors whole (ETP 1) whatever the attention's TP is.
+    parallel.expert_tensor_parallel_size = 1
+    parallel.sequence_parallel = parallel.tensor_model_parallel_size > 1
+    return TrainingConfig(
+        name="deepseek_v3_pretrain",  # the registry replaces it with the recipe's own name
+        model=model,
+        parallel=parallel,
+        # DeepSeek-V3 report, section 4.2: AdamW (0.9, 0.95), weight decay 0.1, peak lr 2.2e-4
+        # after 2K warmup steps, decayed to 2.2e-5.
+        optimizer=OptimizerConfig(lr=2.2e-4, min_lr=2.2e-5, weight_decay=0.1, adam_beta2=0.95),
+        scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
+        data=DataConfig(
+            kind="mock"
+        ),  # set data.kind=indexed, data.path and data.tokenizer to learn
+        # The report's 14.8T tokens at the published GBS 8192 x 4096 tokens per step.
+        train=TrainConfig(
+            global_batch_size=global_batch_size, micro_batch_size=1, max_steps=441_000
+        ),
+        checkpoint=CheckpointConfig(save_interval=500),
+    )
+
+
+@recipe(
+    nodes=128,
+    source=f"{MB} 25.09, DGX-H100 (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1): TP2 PP8 VP4 EP64, GBS 8192, seq 4096",
+)
+def deepseek_v3_pretrain() -> TrainingConfig:
+    """DeepSeek-V3 pretraining on 1024 H100s (published layout, BF16)."""
+    # EP64 gives every GPU 4 of a layer's 256 experts; PP8 x VP4 = 32 chunks of 2 units each.
+    parallel = ParallelConfig(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=8,
+        virtual_pipeline_model_parallel_size=4,
+        expert_model_parallel_size=64,
+    )
+    return _pretrain(parallel, global_batch_size=8192)
+
+
+@recipe(
+    nodes=128,
+    source=f"{MB} 25.09, DGX-H100 FP8 blockwise (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_FP8_SC_V1): TP2 PP8 VP4 EP64, GBS 8192",
+)
+def deepseek_v3_pretrain_1024gpu_h100_fp8sc() -> TrainingConfig:
+    """DeepSeek-V3 on 1024 H100s with FP8 blockwise (subchannel) scaling, as DeepSeek trained it."""
+    cfg = deepseek_v3_pretrain()
+    cfg.precision = FP8_BLOCKWISE
+    return cfg
+
+
+@recipe(
+    nodes=64,
+    gpus_per_node=4,
+    gpu="gb200",
+    source=f"{MB}, DGX-GB200 BF16 (DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_BF16_V1): TP1 PP4 VP4 EP64, GBS 2048",
+)
+def deepseek_v3_pretrain_256gpu_gb200_bf16() -> TrainingConfig:
+    """DeepSeek-V3 on 256 GB200s (64 trays of 4): no TP, 16 chunks of 4 units."""
+    parallel = ParallelConfig(
+        pipeline_model_parallel_size=4,
+        virtual_pipeline_model_parallel_size=4,
+        expert_model_parallel_size=64,
+    )
+    return _pretrain(parallel, global_batch_size=2048)
+
+
+@recipe(
+    nodes=32,
+    gpu="b200",
+    source=f"{MB}, DGX-B200 BF16 (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1): TP1 PP16 EP8, GBS 2048",
+)
+def deepseek_v3_pretrain_256gpu_b200_bf16() -> TrainingConfig:
+    """DeepSeek-V3 on 256 B200s: a deep pipeline (16 stages of 4 units), experts within a node."""
+    parallel = ParallelConfig(pipeline_model_parallel_size=16, expert_model_parallel_size=8)
+    return _pretrain(parallel, global_batch_size=2048)

@@ -1,0 +1,53 @@
+"""Tiny recipes for the CPU smoke mode: the real engine, two gloo processes, about a minute.
+
+Not published runs. They exercise the same paths as the big recipes (tensor parallel, expert
+parallel, the distributed optimizer, checkpoints) on a laptop; `recipes run tiny_gpt_pretrain
+--device cpu` is the demo. Sequence parallel, context parallel, the alltoall dispatcher and FP8
+need a GPU, so these recipes leave them off.
+"""
+
+from __future__ import annotations
+
+from models.tiny import tiny_gpt, tiny_moe
+from recipes.registry import recipe
+from training.config import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    TrainConfig,
+    TrainingConfig,
+)
+
+SOURCE = "CPU smoke recipe, not a published run"
+
+
+def _pretrain(model: ModelConfig, parallel: ParallelConfig) -> TrainingConfig:
+    """40 steps of mock data: enough for the loss to fall visibly and for a checkpoint and resume."""
+    return TrainingConfig(
+        name="tiny_pretrain",  # the registry replaces it with the recipe's own name
+        model=model,
+        parallel=parallel,
+        # A tiny model tolerates (and needs, to move within 40 steps) a large learning rate.
+        optimizer=OptimizerConfig(lr=1e-3, min_lr=1e-4, weight_decay=0.01),
+        scheduler=SchedulerConfig(warmup_steps=4, decay_style="cosine"),
+        data=DataConfig(kind="mock"),
+        # 8 sequences of 128 tokens per step: 4 microbatches of 2 at TP2 (DP1), 2 at EP2 (DP2).
+        train=TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=40),
+        checkpoint=CheckpointConfig(save_interval=20),  # one mid-run checkpoint to resume from
+    )
+
+
+@recipe(nodes=1, gpus_per_node=2, gpu="cpu", source=SOURCE)
+def tiny_gpt_pretrain() -> TrainingConfig:
+    """A 4-layer GPT split TP=2 over two CPU processes (the demo)."""
+    # Sequence parallel stays off although TP > 1: it needs a GPU.
+    return _pretrain(tiny_gpt(), ParallelConfig(tensor_model_parallel_size=2))
+
+
+@recipe(nodes=1, gpus_per_node=2, gpu="cpu", source=SOURCE)
+def tiny_moe_pretrain() -> TrainingConfig:
+    """A 4-layer MoE GPT, 4 experts split EP=2 over two CPU processes (allgather dispatcher)."""
+    return _pretrain(tiny_moe(), ParallelConfig(expert_model_parallel_size=2))
