@@ -1,0 +1,164 @@
+"""Megatron-Core's GPTModel from our config tree: dense, MoE, MLA and multi-token prediction.
+
+`transformer_config` maps ModelConfig + ParallelConfig + the precision preset onto Megatron-Core's
+TransformerConfig (MLATransformerConfig for multi-latent attention); the field names are mostly
+the same on both sides. `build_chunks` builds this rank's pipeline chunks: one GPTModel, or one
+per virtual stage with `vp_stage` set, each holding the layers the pipeline layout gives it.
+
+FP8 / FP4: the preset's recipe goes into TransformerConfig (fp8 / fp8_recipe / fp4); Megatron-Core
+then builds Transformer Engine's recipe object (DelayedScaling, Float8CurrentScaling,
+Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) and enters TE's autocast around every
+layer itself (megatron.core.fp8_utils.get_fp8_context), keeping the first and last layers in BF16
+where the preset asks for it. Weights stay in BF16 (fp8_param off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
+from training.config import TrainingConfig
+from training.finalize import Derived
+from training.precision import PrecisionPreset
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
+_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "blockwise": "blockwise", "mxfp8": "mxfp8"}
+
+
+def chunks_per_rank(cfg: TrainingConfig, derived: Derived) -> int:
+    """Model chunks on every pipeline rank: the virtual stages (from VPP or the layout), else 1."""
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if derived.pipeline_chunks is not None and pp > 1:
+        return len(derived.pipeline_chunks) // pp
+    return 1
+
+
+def _precision_fields(preset: PrecisionPreset, dtype: torch.dtype) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "bf16": dtype == torch.bfloat16,
+        "fp16": dtype == torch.float16,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,  # the dtype of activations sent between pipeline stages
+    }
+    if preset.fp8_recipe is None:
+        return fields
+    if not have_transformer_engine():
+        raise RuntimeError(
+            f"precision={preset.name} runs its GEMMs in FP8/FP4 through Transformer Engine, which "
+            "does not import here; use an NGC PyTorch container or precision=bf16_mixed"
+        )
+    if preset.fp8_recipe == "nvfp4":
+        fields.update(fp4="e2m1", fp4_recipe="nvfp4")
+    else:
+        fields.update(
+            fp8=preset.fp8_format,
+            fp8_recipe=_FP8_RECIPES[preset.fp8_recipe],
+            fp8_amax_history_len=preset.fp8_amax_history_len,
+            fp8_amax_compute_algo="max" if preset.fp8_recipe == "delayed" else "most_recent",
+            fp8_param=False,
+            first_last_layers_bf16=preset.first_last_layers_bf16,
+        )
+    return fields
+
+
+def transformer_config(cfg: TrainingConfig, derived: Derived, device: str, dtype: torch.dtype) -> TransformerConfig:
+    """Megatron-Core's TransformerConfig (or MLATransformerConfig) for this run."""
+    m, par = cfg.model, cfg.parallel
+    vpp = chunks_per_rank(cfg, derived)
+    fields: dict[str, Any] = dict(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        gated_linear_unit=m.activation == "swiglu",
+        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm,
+        init_method_std=m.init_method_std,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        recompute_granularity=m.recompute_granularity,
+        recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers,
+        mtp_num_layers=m.mtp_num_layers,
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        pipeline_model_parallel_layout=derived.pipeline_layout,
+        context_parallel_size=par.context_parallel_size,
+        sequence_parallel=par.sequence_parallel,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=derived.expert_tensor_parallel_size,
+        # Free each pipeline output's data once it has been sent (Megatron-LM's default).
+        deallocate_pipeline_outputs=True,
+        transformer_impl="transformer_engine" if choose_backend(device) == "te" else "local",
+        # On the CPU, build weights with the CPU generator and slice them per TP rank.
+        use_cpu_initialization=device == "cpu",
+        **_precision_fields(derived.preset, dtype),
+    )
+    if m.kv_channels is not None:
+        fields["kv_channels"] = m.kv_channels
+    if m.num_moe_experts:
+        fields.update(
+            num_moe_experts=m.num_moe_experts,
+            moe_router_topk=m.moe_router_topk,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            # 0 = dense, 1 = MoE per layer: DeepSeek-V3 keeps its first layers dense.
+            moe_layer_freq=[0] * m.moe_first_k_dense_layers + [1] * (m.num_layers - m.moe_first_k_dense_layers),
+            moe_router_score_function=m.moe_router_score_function,
+            moe_router_load_balancing_type=m.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+            moe_token_dispatcher_type=m.moe_token_dispatcher_type,
+            moe_grouped_gemm=m.moe_grouped_gemm,
+        )
+    if m.multi_latent_attention:
+        # Megatron-Core's YaRN defaults for MLA are DeepSeek-V3's; only the RoPE base comes from us.
+        return MLATransformerConfig(
+            **fields,
+            q_lora_rank=m.q_lora_rank,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_head_dim=m.qk_head_dim,
+            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+            v_head_dim=m.v_head_dim,
+            rotary_base=m.rotary_base,
+        )
+    return TransformerConfig(**fields)
+
+
+def build_chunks(cfg: TrainingConfig, derived: Derived, config: TransformerConfig, device: str) -> list[GPTModel]:
+    """This rank's model chunks (one per virtual pipeline stage), not yet wrapped or moved."""
+    m = cfg.model
+    backend = choose_backend(device)
+    num_chunks = chunks_per_rank(cfg, derived)
+    chunks = []
+    for vp_stage in range(num_chunks):
+        stage = vp_stage if num_chunks > 1 else None
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=decoder_block_spec(config, backend, m.normalization, stage),
+            vocab_size=derived.padded_vocab_size,
+            max_sequence_length=m.seq_length,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+            position_embedding_type=m.position_embedding_type,
+            rotary_base=m.rotary_base,
+            mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage),
+            vp_stage=stage,
+        )
+        chunks.append(model)
+    return chunks

@@ -1,0 +1,159 @@
+"""Layer specs for GPT models: Transformer Engine when it imports, else torch's SDPA attention.
+
+Megatron-Core's local spec computes attention with an unfused softmax (and cannot build MLA: its
+DotProductAttention does not take MLA's separate key/value head sizes). Without Transformer Engine
+we keep the local spec's linears and norms but swap its core attention for `SdpaAttention`, which
+calls torch.nn.functional.scaled_dot_product_attention: flash / memory-efficient / cuDNN kernels
+on GPUs, a fused kernel on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
+    get_gpt_mtp_block_spec,
+)
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except (ImportError, OSError):  # OSError: the wheel is there but its CUDA libraries are not
+        return False
+    return True
+
+
+def choose_backend(device: str) -> str:
+    """ "te" on GPUs with Transformer Engine, otherwise "sdpa" (always on the CPU)."""
+    return "te" if device == "cuda" and have_transformer_engine() else "sdpa"
+
+
+class SdpaAttention(MegatronModule):
+    """Core attention through scaled_dot_product_attention, a drop-in for DotProductAttention.
+
+    Takes Megatron's layout ([seq, batch, heads, head_dim] for q, k, v; key/value with
+    num_query_groups heads for GQA) and returns [seq, batch, heads * v_head_dim].
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SdpaAttention has no context parallelism; it needs Transformer Engine")
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        tp_size = pg_collection.tp.size() if pg_collection is not None else config.tensor_model_parallel_size
+        self.num_heads_per_partition = divide(config.num_attention_heads, tp_size)
+        self.num_groups_per_partition = divide(config.num_query_groups, tp_size)
+        k_dim = k_channels or config.kv_channels
+        # MLA reads and may change this attribute for packed sequences.
+        self.hidden_size_per_attention_head_v = v_channels or config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_dim)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("packed sequences and attention bias need Transformer Engine")
+        mask_type = attn_mask_type or self.attn_mask_type
+        # [s, b, h, d] -> [b, h, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        mask = None
+        if attention_mask is not None:
+            mask = ~attention_mask  # Megatron marks the masked-out positions, SDPA the kept ones
+        causal = mask is None and mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        dropout = self.dropout_p if self.training else 0.0
+        rng = (
+            tensor_parallel.get_cuda_rng_tracker().fork()
+            if dropout > 0 and not self.config.sequence_parallel
+            else contextlib.nullcontext()
+        )
+        with rng:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout,
+                is_causal=causal,
+                scale=self.softmax_scale,
+                enable_gqa=q.size(1) != k.size(1),
+            )
+        # [b, h, s, d] -> [s, b, h * d]
+        return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
+
+
+def _sdpa_can_run(config: TransformerConfig) -> bool:
+    """SDPA covers vanilla softmax without sliding windows; anything else keeps the local spec."""
+    return config.softmax_type == "vanilla" and config.window_size is None
+
+
+def _swap_core_attention(layer_specs: list[Any], cls: type) -> None:
+    for spec in layer_specs:
+        attention = spec.submodules.self_attention.submodules
+        if attention.core_attention is DotProductAttention:
+            attention.core_attention = cls
+
+
+def decoder_block_spec(
+    config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None
+) -> TransformerBlockSubmodules:
+    """The layers of one pipeline chunk (dense or MoE per config.moe_layer_freq)."""
+    spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=backend == "te", normalization=normalization, vp_stage=vp_stage
+    )
+    if backend == "sdpa" and _sdpa_can_run(config):
+        _swap_core_attention(spec.layer_specs, SdpaAttention)
+    return spec
+
+
+def mtp_block_spec(config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None) -> Any:
+    """Multi-token-prediction layers of the chunk that holds them (None elsewhere).
+
+    Each MTP layer wraps a copy of the model's last decoder layer (MoE in DeepSeek-V3), taken from
+    the whole model's layer list since the chunk holding the MTP layers may hold no decoder layer.
+    """
+    if not config.mtp_num_layers:
+        return None
+    last_layer = get_gpt_decoder_layer_specs(
+        config, use_transformer_engine=backend == "te", normalization=normalization
+    )[-1]
+    if backend == "sdpa" and _sdpa_can_run(config):
+        _swap_core_attention([last_layer], SdpaAttention)
+    return get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage)

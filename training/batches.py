@@ -1,0 +1,138 @@
+"""Training batches: the dataset (chosen by data.kind), each data-parallel rank's slice, in order.
+
+The position in the data is one number, `consumed_samples` (global samples handed out so far,
+always a whole number of global batches at a step boundary). A resumed run rebuilds its batches
+with the saved number and continues with exactly the samples that follow, whatever the
+DataLoader had prefetched when the checkpoint was taken.
+
+Every rank of a data-parallel replica (all its TP and PP ranks) reads the same samples: the
+first pipeline stage needs the tokens, the last the labels and loss mask; reading them on every
+rank is cheaper than broadcasting them and keeps the microbatch streams of all stages aligned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from training.config import TrainingConfig
+from training.finalize import Derived
+
+
+class _MockTokenizer:
+    """What Megatron's MockGPTDataset reads from a tokenizer: the vocabulary size and EOD id."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.eod = vocab_size - 1
+        self.unique_identifiers = {"class": "mock", "vocab_size": vocab_size}
+
+
+def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
+    """The training split for cfg.data.kind, holding at least `num_samples` samples.
+
+    Every rank must call this: Megatron's dataset builder synchronises the ranks while global
+    rank 0 writes the index caches.
+    """
+    kind = cfg.data.kind
+    if kind == "mock":
+        return _mock_dataset(cfg, num_samples)
+    if kind == "indexed":
+        from data.pretrain import build_pretrain_datasets  # the data package, see data/pretrain.py
+        from data.tokenizer import build_tokenizer
+
+        train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
+        return train
+    raise NotImplementedError(f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'")
+
+
+def _mock_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
+    """Megatron's MockGPTDataset: documents of counting tokens (1, 2, 3, ... mod vocab) + EOD."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+
+    config = GPTDatasetConfig(
+        random_seed=cfg.data.seed,
+        sequence_length=cfg.model.seq_length,
+        tokenizer=_MockTokenizer(cfg.model.vocab_size),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        # The causal mask is built inside attention; a stored [s, s] mask per sample would waste memory.
+        create_attention_mask=False,
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        MockGPTDataset, [num_samples, 0, 0], lambda: True, config
+    ).build()
+    return train
+
+
+class DataParallelSampler:
+    """Index lists of one microbatch each: this DP rank's slice of consecutive global samples.
+
+    Samples [c, c + micro x DP) form one round; rank r takes [c + r x micro, c + (r+1) x micro).
+    """
+
+    def __init__(self, total: int, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int):
+        self.total = total
+        self.consumed_samples = consumed_samples
+        self.micro = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        round_size = self.micro * self.dp_size
+        start = self.consumed_samples
+        while start + round_size <= self.total:
+            first = start + self.dp_rank * self.micro
+            yield list(range(first, first + self.micro))
+            start += round_size
+
+    def __len__(self) -> int:
+        return max(0, (self.total - self.consumed_samples) // (self.micro * self.dp_size))
+
+
+class TrainBatches:
+    """The microbatches of each step, from `consumed_samples` on."""
+
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        derived: Derived,
+        dataset: Dataset,
+        dp_rank: int,
+        device: str,
+        consumed_samples: int = 0,
+    ) -> None:
+        self.num_microbatches = derived.num_microbatches
+        self.global_batch_size = cfg.train.global_batch_size
+        self.consumed_samples = consumed_samples
+        self.device = device
+        sampler = DataParallelSampler(
+            len(dataset), consumed_samples, cfg.train.micro_batch_size, dp_rank, derived.data_parallel_size
+        )
+        # On the CPU the ranks already occupy every core: loader workers would only compete with them.
+        workers = cfg.data.num_workers if device == "cuda" else 0
+        self._loader = iter(
+            DataLoader(
+                dataset,
+                batch_sampler=sampler,
+                num_workers=workers,
+                pin_memory=cfg.data.pin_memory and device == "cuda",
+                persistent_workers=workers > 0,
+            )
+        )
+
+    def next_step(self) -> list[dict[str, torch.Tensor]]:
+        """This rank's microbatches of the next global batch, on the training device."""
+        micro = [next(self._loader) for _ in range(self.num_microbatches)]
+        self.consumed_samples += self.global_batch_size
+        if self.device == "cuda":
+            micro = [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
+        return micro
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed_samples": self.consumed_samples}

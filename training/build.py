@@ -1,0 +1,164 @@
+"""What a run trains with: model chunks in Megatron DDP, Megatron's optimizer and the LR schedule.
+
+Built as Megatron-LM's `get_model` / `setup_model_and_optimizer` do, without its global args:
+GPTModel chunks -> Float16Module (BF16/FP16) -> DistributedDataParallel (grad buffers, bucketed
+and overlapped reduce-scatter / all-reduce) -> `get_megatron_optimizer` (the distributed optimizer
+shards FP32 master weights and Adam moments over DP) -> OptimizerParamScheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from models.gpt import build_chunks, transformer_config
+from training.config import TrainingConfig
+from training.finalize import Derived
+
+_PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.dtype:
+    """The dtype of weights and activations: the preset's on GPUs.
+
+    On the CPU we train in FP32: BF16 matmuls on CPUs without AMX/AVX512-BF16 (this 2-core
+    development machine among them) run several times slower than FP32, and the CPU mode exists
+    to exercise the parallel code paths, not the number format.
+    """
+    if device == "cpu":
+        return torch.float32
+    return _PRESET_DTYPES[derived.preset.params_dtype]
+
+
+def ddp_config(cfg: TrainingConfig) -> DistributedDataParallelConfig:
+    par, opt = cfg.parallel, cfg.optimizer
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=par.grad_reduce_in_fp32,
+        overlap_grad_reduce=par.overlap_grad_reduce,
+        # The parameter all-gather exists only when the distributed optimizer shards the weights.
+        overlap_param_gather=par.overlap_param_gather and opt.use_distributed_optimizer,
+        use_distributed_optimizer=opt.use_distributed_optimizer,
+        check_for_nan_in_grad=True,
+    )
+
+
+def _bucket_size(ddp: DistributedDataParallelConfig, chunk_index: int) -> int | None:
+    """DDP's own rule: ~40M elements per bucket when overlapping; one bucket per chunk otherwise
+    and on every pipeline stage but the first (their reduction is off the critical path)."""
+    if not ddp.overlap_grad_reduce or chunk_index > 0 or parallel_state.get_pipeline_model_parallel_rank() > 0:
+        return None
+    dp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    return ddp.bucket_size or max(40_000_000, 1_000_000 * dp)
+
+
+def build_model(cfg: TrainingConfig, derived: Derived, device: str) -> tuple[list[DistributedDataParallel], TransformerConfig]:
+    """This rank's model chunks, on the device, in the compute dtype, wrapped in Megatron DDP."""
+    dtype = compute_dtype(cfg, derived, device)
+    config = transformer_config(cfg, derived, device, dtype)
+    chunks: list[torch.nn.Module] = build_chunks(cfg, derived, config, device)
+    for chunk in chunks:
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if device == "cuda":
+            chunk.cuda(torch.cuda.current_device())
+    if config.bf16 or config.fp16:
+        chunks = [Float16Module(config, chunk) for chunk in chunks]
+
+    ddp = ddp_config(cfg)
+    wrapped = []
+    for index, chunk in enumerate(chunks):
+        layout = None
+        if ddp.use_distributed_optimizer:
+            # DDP's grad buffers must be laid out the way the distributed optimizer shards them.
+            params = [p for p in chunk.parameters() if p.requires_grad]
+            layout = DistributedOptimizer.compute_full_param_layout(
+                params,
+                _bucket_size(ddp, index),
+                parallel_state.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True),
+                ddp,
+                expert_data_parallel_world_size=parallel_state.get_expert_data_parallel_world_size(
+                    partial_expert_data_parallel=True
+                ),
+            )
+        wrapped.append(
+            DistributedDataParallel(
+                config=config,
+                ddp_config=ddp,
+                module=chunk,
+                # Chunks after the first reduce their gradients in one bucket, as in Megatron-LM.
+                disable_bucketing=index > 0,
+                full_param_layout=layout,
+            )
+        )
+    return wrapped, config
+
+
+def build_optimizer(cfg: TrainingConfig, model: list[DistributedDataParallel], config: TransformerConfig) -> Any:
+    """Megatron's optimizer (AdamW with decoupled weight decay, or SGD) with gradient clipping."""
+    opt = cfg.optimizer
+    optimizer_config = OptimizerConfig(
+        optimizer=opt.optimizer,
+        lr=opt.lr,
+        min_lr=opt.min_lr,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.adam_beta1,
+        adam_beta2=opt.adam_beta2,
+        adam_eps=opt.adam_eps,
+        clip_grad=opt.clip_grad,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        params_dtype=config.params_dtype,
+        # FP16 needs dynamic loss scaling (None = dynamic); BF16 and FP32 need none.
+        loss_scale=None,
+        use_distributed_optimizer=opt.use_distributed_optimizer,
+        overlap_param_gather=cfg.parallel.overlap_param_gather and opt.use_distributed_optimizer,
+    )
+    return get_megatron_optimizer(optimizer_config, model)
+
+
+_DECAY_STYLES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "wsd": "WSD"}
+
+
+def build_scheduler(cfg: TrainingConfig, optimizer: Any) -> OptimizerParamScheduler:
+    """Linear warmup from 0, then the decay style down to optimizer.min_lr, counted in steps."""
+    sched, opt = cfg.scheduler, cfg.optimizer
+    decay_steps = sched.decay_steps or cfg.train.max_steps
+    # Megatron asserts warmup < decay steps even for a constant LR, where the decay never starts.
+    decay_steps = max(decay_steps, sched.warmup_steps + 1)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=_DECAY_STYLES[sched.decay_style],
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+        wsd_decay_steps=sched.wsd_decay_steps,
+        lr_wsd_decay_style=sched.wsd_decay_style,
+    )
+
+
+def wire_schedules(config: TransformerConfig, model: list[DistributedDataParallel], optimizer: Any) -> None:
+    """Hooks the pipeline schedules call: no_sync between microbatches, grad sync per chunk as
+    its last backward finishes, the final grad reductions, and the (FP16) loss scale."""
+    from megatron.core.distributed import finalize_model_grads
+
+    config.grad_scale_func = optimizer.scale_loss
+    if model[0].ddp_config.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model]
+        grad_sync = [chunk.start_grad_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    config.finalize_model_grads_func = finalize_model_grads

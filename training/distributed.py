@@ -1,0 +1,128 @@
+"""Process groups and seeds: torchrun's environment -> torch.distributed -> Megatron-Core's groups.
+
+NCCL on GPUs (one process per GPU, bound to LOCAL_RANK); gloo on the CPU, where
+`training.cpu_mode` first redirects Megatron-Core's CUDA calls. Started without torchrun (plain
+`python`), the run is a single process on a free local port.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from training.config import TrainingConfig
+from training.finalize import Derived
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Where this process sits, as torchrun tells it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+def launch_from_env() -> Launch:
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    return Launch(
+        rank=int(env.get("RANK", "0")),
+        world_size=world,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def resolve_device(requested: str) -> str:
+    """train.device "auto" is CUDA when a GPU is visible, else the CPU."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -> None:
+    """torch.distributed from torchrun's MASTER_ADDR/PORT (a local one for a single process)."""
+    if dist.is_initialized():
+        return
+    if "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(_free_port())
+    if device == "cuda":
+        torch.cuda.set_device(launch.local_rank)
+        dist.init_process_group(
+            backend="nccl",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timedelta(minutes=timeout_minutes),
+            device_id=torch.device("cuda", launch.local_rank),
+        )
+    else:
+        from training import cpu_mode
+
+        cpu_mode.enable()
+        dist.init_process_group(
+            backend="gloo",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timedelta(minutes=timeout_minutes),
+        )
+
+
+def init_model_parallel(cfg: TrainingConfig, derived: Derived, num_chunks: int) -> None:
+    """Megatron-Core's TP / PP (with virtual stages) / CP / EP / ETP / DP groups."""
+    from megatron.core import parallel_state
+
+    par = cfg.parallel
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=num_chunks if num_chunks > 1 else None,
+        context_parallel_size=par.context_parallel_size,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=derived.expert_tensor_parallel_size,
+    )
+
+
+def set_seeds(seed: int) -> None:
+    """Python, NumPy and torch seeds, plus Megatron-Core's tracked streams.
+
+    As in Megatron-LM, every pipeline stage gets its own default seed (+100 x PP rank); the
+    tracker then gives TP ranks different streams for TP-split dropout and init, and the same
+    stream across data-parallel replicas.
+    """
+    from megatron.core import parallel_state, tensor_parallel
+
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    """Tear down Megatron-Core's groups and the default group (safe to call twice)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,189 @@
+"""The training loop on one rank: set up, step, log, hand state to checkpointing, tear down.
+
+Checkpointing plugs in at step boundaries without touching the loop:
+- `Trainer.state_for_checkpoint()` returns everything a checkpoint holds: the model chunks and
+  the optimizer (live objects, for Megatron's `sharded_state_dict`), the LR schedule's state, the
+  RNG states, the data position (`consumed_samples`) and the step.
+- `Trainer.restore(state)` takes the same dict back after the model and optimizer have been
+  loaded in place, and continues from that step with the samples that follow.
+- `Trainer.train(hooks)` calls `hook.after_step(trainer)` after every step and
+  `hook.at_end(trainer)` once the loop ends (max_steps or the time limit), on every rank.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from models.gpt import chunks_per_rank
+from training import distributed
+from training.batches import TrainBatches, build_train_dataset
+from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
+from training.config import TrainingConfig
+from training.finalize import Derived
+from training.step import train_step
+from training.step_log import create_step_logger
+
+
+class Hook(Protocol):
+    def after_step(self, trainer: Trainer) -> None: ...
+
+    def at_end(self, trainer: Trainer) -> None: ...
+
+
+def _flops_per_token(cfg: TrainingConfig) -> float | None:
+    """Model FLOPs per trained token (forward + backward) from training.estimate, when present."""
+    try:
+        from training.estimate import model_flops_per_token
+    except ImportError:
+        return None
+    return float(model_flops_per_token(cfg))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+class Trainer:
+    """One rank's model chunks, optimizer, LR schedule, batches and step counter."""
+
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        derived: Derived,
+        device: str,
+        run_dir: Path,
+        peak_tflops: float | None = None,
+    ) -> None:
+        self.cfg, self.derived, self.device, self.run_dir = cfg, derived, device, run_dir
+        self.peak_tflops = peak_tflops  # per GPU in the run's GEMM precision; None: no MFU (CPU)
+        self.step = 0
+        launch = distributed.launch_from_env()
+        distributed.init_process_group(launch, device)
+        distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
+        distributed.set_seeds(cfg.train.seed)
+        self.torch_device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+        self.model, self.config = build_model(cfg, derived, device)
+        self.optimizer = build_optimizer(cfg, self.model, self.config)
+        self.scheduler = build_scheduler(cfg, self.optimizer)
+        wire_schedules(self.config, self.model, self.optimizer)
+
+        samples = cfg.train.max_steps * cfg.train.global_batch_size
+        self.dataset = build_train_dataset(cfg, samples)
+        self.batches = self._batches(consumed_samples=0)
+        self.logger = create_step_logger(cfg, run_dir, dist.get_rank())
+        self.flops_per_token = _flops_per_token(cfg)
+
+    def _batches(self, consumed_samples: int) -> TrainBatches:
+        dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        return TrainBatches(self.cfg, self.derived, self.dataset, dp_rank, self.device, consumed_samples)
+
+    # --- the checkpoint seam ------------------------------------------------------------------
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """What a checkpoint saves, taken at a step boundary."""
+        return {
+            "step": self.step,
+            "consumed_samples": self.batches.consumed_samples,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint whose model and optimizer were already loaded in place."""
+        self.step = int(state["step"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
+        self.batches = self._batches(consumed_samples=int(state["consumed_samples"]))
+
+    # --- the loop -----------------------------------------------------------------------------
+    def train(self, hooks: Sequence[Hook] = ()) -> None:
+        cfg = self.cfg
+        tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+        started = time.monotonic()
+        while self.step < cfg.train.max_steps:
+            t0 = time.perf_counter()
+            result = train_step(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.batches.next_step(),
+                cfg.model.seq_length,
+                cfg.train.micro_batch_size,
+                self.torch_device,
+            )
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+            self.step += 1
+            self._log(result, tokens_per_step / elapsed, elapsed)
+            for hook in hooks:
+                hook.after_step(self)
+            if self._out_of_time(started):
+                break
+        for hook in hooks:
+            hook.at_end(self)
+
+    def _log(self, result: Any, tokens_per_s: float, elapsed: float) -> None:
+        world = dist.get_world_size()
+        tflops = self.flops_per_token * tokens_per_s / world / 1e12 if self.flops_per_token else None
+        metrics = {
+            "loss": result.loss,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "tokens_per_s": tokens_per_s,
+            "tflops_per_gpu": tflops,
+            "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
+            "step_time_s": elapsed,
+        }
+        if result.skipped:
+            metrics["skipped"] = True
+        self.logger.on_step(self.step, metrics)
+        if dist.get_rank() == 0 and self.step % max(1, self.cfg.logging.log_interval) == 0:
+            loss = "n/a" if result.loss is None else f"{result.loss:.4f}"
+            print(
+                f"step {self.step}/{self.cfg.train.max_steps} loss {loss} lr {result.lr:.3e} "
+                f"grad_norm {result.grad_norm or 0:.3f} {tokens_per_s:,.0f} tokens/s",
+                flush=True,
+            )
+
+    def _out_of_time(self, started: float) -> bool:
+        """train.exit_duration_minutes reached on any rank (all ranks agree, so none is left waiting)."""
+        limit = self.cfg.train.exit_duration_minutes
+        if limit is None:
+            return False
+        late = torch.tensor([float(time.monotonic() - started > 60 * limit)], device=self.torch_device)
+        dist.all_reduce(late, op=dist.ReduceOp.MAX)
+        return bool(late.item())
+
+    def close(self) -> None:
+        self.logger.close()
+        distributed.destroy()

@@ -1,0 +1,123 @@
+"""The engine's entry point: `training.pretrain(config)` on every rank, or under plain torchrun:
+
+    torchrun --nproc-per-node 8 -m training.entry --config resolved.yaml [field.path=value ...]
+
+Nothing heavy is imported at module level: `import training` (and the CLI that checks configs)
+stays free of torch and Megatron-Core; `pretrain` imports the engine when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from training.config import TrainingConfig
+from training.hardware import Cluster
+from training.tree import ConfigError, apply_overrides, from_dict, to_dict
+
+
+def cluster_from_env(device: str) -> Cluster:
+    """The Cluster this job runs on, from torchrun's environment and the visible device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    nodes = max(1, world // max(1, per_node))
+    if device == "cpu":
+        return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
+    import torch
+
+    from training.hardware import gpu_from_device_name
+
+    name = torch.cuda.get_device_name()
+    kind = gpu_from_device_name(name)
+    if kind is None:
+        raise ConfigError([("cluster.gpu", f"unknown GPU '{name}'; known kinds: a100, h100, h200, b200, gb200")])
+    return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
+
+
+def _peak_tflops(cluster: Cluster, preset) -> float | None:
+    """Dense peak per GPU in the precision the GEMMs run in (None on the CPU: no MFU)."""
+    spec = cluster.spec
+    if cluster.gpu == "cpu" or preset is None:
+        return None
+    if preset.fp8_recipe == "nvfp4":
+        return spec.fp4_tflops
+    return spec.fp8_tflops if preset.fp8_recipe else spec.bf16_tflops
+
+
+def run_dir_for(cfg: TrainingConfig) -> Path:
+    if cfg.logging.run_dir:
+        return Path(cfg.logging.run_dir)
+    # All ranks must agree on the folder: torchrun's run id (one per job) names it.
+    stamp = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+    return Path("runs") / f"{cfg.name}-{stamp}"
+
+
+def _write_config(cfg: TrainingConfig, path: Path) -> None:
+    import yaml
+
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def pretrain(config: TrainingConfig) -> None:
+    """Check `config` against the cluster this rank runs on, then train it (every rank calls this).
+
+    Raises training.tree.ConfigError, naming every problem, before any process group exists.
+    """
+    from training.distributed import resolve_device
+    from training.finalize import finalize
+    from training.validation import validate
+
+    device = resolve_device(config.train.device)
+    cluster = cluster_from_env(device)
+    derived = finalize(config, cluster)
+    problems = validate(config, cluster, derived)
+    if problems:
+        raise ConfigError([(p.field, p.message) for p in problems])
+
+    run_dir = run_dir_for(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _write_config(config, run_dir / "config.yaml")
+
+    from training import distributed
+    from training.engine import Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
+        trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        else:
+            distributed.destroy()
+
+
+def load_config(path: str, overrides: list[str]) -> TrainingConfig:
+    """A resolved config saved as YAML (e.g. <run_dir>/config.yaml), plus dotlist overrides."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise ConfigError([("--config", f"{path} does not hold a config mapping")])
+    return apply_overrides(from_dict(TrainingConfig, data), overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.entry", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="a resolved config YAML")
+    parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=10")
+    args = parser.parse_args(argv)
+    try:
+        pretrain(load_config(args.config, args.overrides))
+    except ConfigError as err:
+        print(f"invalid config:\n{err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
