@@ -11,7 +11,7 @@ from training.config import ModelConfig
 
 
 def tiny_gpt(seq_length: int = 128) -> ModelConfig:
-    """A 4-layer Llama-style GPT (GQA, SwiGLU, RoPE): about 0.9M parameters."""
+    """A 4-layer Llama-style GPT (GQA, SwiGLU, RoPE): about 1.1M parameters."""
     return ModelConfig(
         num_layers=4,
         hidden_size=128,

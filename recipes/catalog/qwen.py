@@ -36,6 +36,8 @@ def _pretrain(
     """What every Qwen3 MoE recipe shares: AdamW at 3e-4, 2000 warmup steps then cosine, mock data."""
     model.moe_token_dispatcher_type, model.moe_grouped_gemm = "alltoall", True
     parallel.sequence_parallel = parallel.tensor_model_parallel_size > 1
+    # Gradients reduced in BF16, as NVIDIA's performance runs do: 2 bytes per parameter less.
+    parallel.grad_reduce_in_fp32 = False
     return TrainingConfig(
         name="qwen3_pretrain",  # the registry replaces it with the recipe's own name
         model=model,
