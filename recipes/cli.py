@@ -136,8 +136,20 @@ def _config_error(err: ConfigError, as_json: bool) -> int:
     return EXIT_INVALID
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Overrides may come before or after options (`check R --gpu a100 precision=...`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
     try:
         return commands[args.command](args)
