@@ -47,9 +47,8 @@ def _pretrain(parallel: ParallelConfig, *, global_batch_size: int) -> TrainingCo
         # after 2K warmup steps, decayed to 2.2e-5.
         optimizer=OptimizerConfig(lr=2.2e-4, min_lr=2.2e-5, weight_decay=0.1, adam_beta2=0.95),
         scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        data=DataConfig(
-            kind="mock"
-        ),  # set data.kind=indexed, data.path and data.tokenizer to learn
+        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
+        data=DataConfig(kind="mock"),
         # The report's 14.8T tokens at the published GBS 8192 x 4096 tokens per step.
         train=TrainConfig(
             global_batch_size=global_batch_size, micro_batch_size=1, max_steps=441_000

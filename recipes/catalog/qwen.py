@@ -44,9 +44,8 @@ def _pretrain(
         parallel=parallel,
         optimizer=OptimizerConfig(lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta2=0.95),
         scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        data=DataConfig(
-            kind="mock"
-        ),  # set data.kind=indexed, data.path and data.tokenizer to learn
+        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
+        data=DataConfig(kind="mock"),
         # About 1.3T tokens at the published GBS 1024 x 4096; the cosine decays over all of it.
         train=TrainConfig(
             global_batch_size=global_batch_size,
