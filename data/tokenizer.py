@@ -250,7 +250,13 @@ def _load_transformers(folder: Path, eod_token: str | None) -> LocalTokenizer:
     from transformers import AutoTokenizer
 
     # local_files_only: a folder without the files raises instead of downloading.
-    backend = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    try:
+        backend = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(
+            f"data.tokenizer={str(folder)!r}: transformers cannot load a tokenizer from this "
+            f"folder ({err})"
+        ) from err
     eod = backend.convert_tokens_to_ids(eod_token) if eod_token else backend.eos_token_id
     if eod is None or (eod_token and eod == backend.unk_token_id):
         raise ValueError(

@@ -1,0 +1,220 @@
+"""Per-step metrics of a run: metrics.jsonl, TensorBoard, W&B, a progress bar and a final plot.
+
+Only the writer rank (global rank 0 in practice) logs; on every other rank each call is a no-op,
+so the engine can call `on_step` everywhere. What a step costs is decided by the engine: it calls
+`on_step` as often as it has numbers (every `logging.log_interval` steps, typically), and every call
+becomes one line of metrics.jsonl, one point in TensorBoard and W&B. A console line is printed every
+`logging.log_interval` steps when no progress bar is shown (batch jobs: stderr is not a terminal).
+
+TensorBoard, W&B, tqdm and matplotlib are imported only when used: a rank that does not write never
+pays for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.config import TrainingConfig
+
+# Always present in each line (null when the engine had no value), so that readers can rely on them.
+STANDARD_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu", "mfu")
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "training.png"
+WANDB_ID_FILE = "wandb_run_id"  # lets a resumed run continue the same W&B run
+
+
+def _clean(value: Any) -> float | int | None:
+    """A JSON-safe number: tensors and numpy scalars become floats, NaN/inf become null (strict
+    JSON has no NaN, and jq and most dashboards reject it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | int):
+        return int(value)
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class MetricsLogger:
+    """Writes each step's metrics to run_dir/metrics.jsonl (appending, so a resumed run continues
+    the same file), TensorBoard (run_dir/tensorboard) and W&B, as cfg.logging asks."""
+
+    def __init__(self, run_dir: Path, cfg: TrainingConfig, *, is_writer: bool) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.is_writer = is_writer
+        self._closed = False
+        self._file = None
+        self._tb = None
+        self._wandb_run = None
+        self._bar = None
+        self._use_bar = False
+        if not is_writer:
+            return
+        log = cfg.logging
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # W&B first: a missing package should fail before any file is touched.
+        if log.wandb_project and log.wandb_mode != "disabled":
+            self._wandb_run = self._init_wandb()
+        self._file = (self.run_dir / METRICS_FILE).open("a", encoding="utf-8")
+        if log.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), flush_secs=30)
+        # A bar only on a terminal: in Slurm logs its carriage returns make one endless line.
+        self._use_bar = log.progress_bar and sys.stderr.isatty()
+
+    def _init_wandb(self) -> Any:
+        log = self.cfg.logging
+        try:
+            import wandb
+        except ImportError as err:
+            raise RuntimeError(
+                f"logging.wandb_project={log.wandb_project!r} needs the wandb package, which is not "
+                "installed: pip install .[wandb] (or unset logging.wandb_project)"
+            ) from err
+        id_file = self.run_dir / WANDB_ID_FILE
+        if id_file.is_file():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = uuid.uuid4().hex[:12]
+            id_file.write_text(run_id + "\n")
+        # The API key comes from WANDB_API_KEY or `wandb login`; it is never written anywhere here.
+        return wandb.init(
+            project=log.wandb_project,
+            name=self.cfg.name,
+            id=run_id,
+            resume="allow",
+            mode=log.wandb_mode,
+            dir=str(self.run_dir),
+            config=asdict(self.cfg),
+        )
+
+    def on_step(self, step: int, metrics: dict[str, float | None]) -> None:
+        """Record the metrics of global step `step` (the number of optimizer steps done)."""
+        if not self.is_writer or self._closed:
+            return
+        values = {k: _clean(metrics.get(k)) for k in STANDARD_KEYS}
+        values.update({k: _clean(v) for k, v in metrics.items() if k not in values})
+        record = {"step": int(step), **values, "time": round(time.time(), 3)}
+        assert self._file is not None  # opened in __init__ on the writer
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()  # a crash or a requeue loses at most the line being written
+
+        present = {k: v for k, v in values.items() if v is not None}
+        if self._tb is not None:
+            for key, value in present.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb_run is not None:
+            self._wandb_run.log(present, step=step)
+        if self._use_bar:
+            self._update_bar(step, present)
+        elif step % max(1, self.cfg.logging.log_interval) == 0:
+            print(self._console_line(step, present), flush=True)
+
+    def _console_line(self, step: int, v: dict[str, float | int]) -> str:
+        parts = [f"step {step}/{self.cfg.train.max_steps}"]
+        formats = {
+            "loss": "loss {:.4f}",
+            "lr": "lr {:.3e}",
+            "grad_norm": "grad_norm {:.3f}",
+            "tokens_per_s": "tokens/s {:,.0f}",
+            "tflops_per_gpu": "TFLOP/s/GPU {:.1f}",
+            "mfu": "MFU {:.1%}",
+        }
+        parts += [fmt.format(v[k]) for k, fmt in formats.items() if k in v]
+        return " | ".join(parts)
+
+    def _update_bar(self, step: int, v: dict[str, float | int]) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            # A resumed run starts the bar where its checkpoint left off.
+            self._bar = tqdm(
+                total=self.cfg.train.max_steps, initial=step - 1, unit="step", dynamic_ncols=True
+            )
+        postfix = {}
+        if "loss" in v:
+            postfix["loss"] = f"{v['loss']:.4f}"
+        if "tokens_per_s" in v:
+            postfix["tok/s"] = f"{v['tokens_per_s']:,.0f}"
+        self._bar.set_postfix(postfix, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        """Flush and close everything, then plot loss and tokens/s to run_dir/training.png."""
+        if not self.is_writer or self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+        if self._file is not None:
+            self._file.close()
+        rows = read_metrics(self.run_dir / METRICS_FILE)
+        if rows:
+            plot_metrics(rows, self.run_dir / PLOT_FILE, title=self.cfg.name)
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a metrics.jsonl, one per step, sorted by step.
+
+    A run resumed from an earlier checkpoint repeats the steps after it; the later line wins. A
+    line cut short by a crash is skipped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                by_step[row["step"]] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot_metrics(rows: list[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
+    """Loss and tokens/s over step, saved as a PNG with the Agg backend (no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # Figure + Agg canvas instead of pyplot: no global backend switch, no figure registry to leak.
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    panels = (("loss", "loss"), ("tokens_per_s", "tokens/s"))
+    for i, (key, label) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, 2, i)
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="." if len(points) < 50 else None)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    out = Path(out)
+    fig.savefig(out, dpi=100)
+    return out
