@@ -60,6 +60,8 @@ def _check_prefixes(path: str, prefixes: list[str]) -> None:
     import os
 
     for prefix in prefixes:
+        if "://" in prefix:
+            continue  # object storage (s3://, msc://): Megatron reads and checks those itself
         missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(
