@@ -7,13 +7,29 @@ rank. Values that follow from others (data-parallel size, microbatches, pipeline
 stored here; `training.finalize.finalize` derives them after overrides.
 
 `Optional[X]` rather than `X | None` on purpose: NeMo-Run's dotlist parser rejects `None` for PEP 604
-unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-Run config.
+unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-Run config. For the
+same reason this module does not use `from __future__ import annotations`: NeMo-Run's parser needs
+real types, not strings.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional  # see the module docstring: not X | None
+
+
+@dataclass(kw_only=True, slots=True)
+class VisionConfig:
+    """A ViT encoder (CLIP / SigLIP style) and the MLP that projects its output into the LM."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    image_size: int = 336
+    patch_size: int = 14
+    class_token: bool = True
+    projector_hidden_size: Optional[int] = None  # None means the language model's hidden size
+    freeze_vision: bool = True
+    freeze_language: bool = False
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,22 +93,6 @@ class ModelConfig:
 
     # Vision-language (arch "llava"): the encoder and projector in front of the language model.
     vision: Optional[VisionConfig] = None
-
-
-@dataclass(kw_only=True, slots=True)
-class VisionConfig:
-    """A ViT encoder (CLIP / SigLIP style) and the MLP that projects its output into the LM."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    image_size: int = 336
-    patch_size: int = 14
-    class_token: bool = True
-    projector_hidden_size: Optional[int] = None  # None means the language model's hidden size
-    freeze_vision: bool = True
-    freeze_language: bool = False
 
 
 @dataclass(kw_only=True, slots=True)
