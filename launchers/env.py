@@ -1,0 +1,198 @@
+"""Environment variables by owner, and secrets by name only.
+
+- The recipe owns process knobs (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, TORCH_NCCL_*): they follow
+  from the config (TP/CP overlap, DP overlap), so `recipe_env` derives them from it.
+- The launcher owns the knobs of torchrun itself (its log level, its shutdown grace period).
+- The cluster profile owns fabric knobs ([fabric]: NCCL_IB_*, NCCL_SOCKET_IFNAME, UCX_*, FI_*) and
+  other site variables ([env]: HF_HOME, TRITON_CACHE_DIR ...). Neither table may set a recipe's knob.
+- A variable already set in the user's environment wins over all of them: generated scripts write
+  defaults (`default_env NAME value` sets NAME only when unset), never overrides.
+- Secrets (WANDB_API_KEY, HF_TOKEN, *_API_KEY, *_TOKEN, *SECRET*, *PASSWORD*) are never written into
+  a generated file: they reach the ranks by name (inheritance, pyxis --container-env NAME,
+  APPTAINERENV_NAME=$NAME).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from training.config import TrainingConfig
+from training.tree import suggest
+
+_SECRET = re.compile(r"(_API_KEY|_TOKEN)\Z|SECRET|PASSWORD|\AWANDB_API_KEY\Z|\AHF_TOKEN\Z")
+RECIPE_PREFIXES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_", "TORCH_NCCL_")
+FABRIC_PREFIXES = (
+    "NCCL_",
+    "UCX_",
+    "FI_",
+    "NVSHMEM_",
+    "OMPI_MCA_",
+    "PMIX_",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Well-known fabric variables, for "did you mean" on a misspelled one.
+KNOWN_FABRIC = [
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_TIMEOUT",
+    "NCCL_IB_SL",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_NET",
+    "NCCL_NET_PLUGIN",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_CROSS_NIC",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_DEBUG",
+    "NCCL_TOPO_FILE",
+    "UCX_NET_DEVICES",
+    "UCX_TLS",
+    "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "GLOO_SOCKET_IFNAME",
+]
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable must travel by name only (never as a value in a generated file)."""
+    return bool(_SECRET.search(name.upper()))
+
+
+def recipe_owned(name: str) -> bool:
+    return name.startswith(RECIPE_PREFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    value: str
+    owner: str  # "recipe", "launcher", "profile [env]" or "profile [fabric]"
+    why: str = ""
+
+
+def recipe_env(cfg: TrainingConfig) -> list[EnvVar]:
+    """The process knobs this config needs; on the CPU only the one Megatron checks for TP/CP."""
+    par, out = cfg.parallel, []
+    if par.tensor_model_parallel_size > 1 or par.context_parallel_size > 1:
+        # Megatron overlaps TP/CP communication with GEMMs by the order it issues kernels; one
+        # hardware queue keeps that order (Megatron-Core warns when it is unset, even on the CPU).
+        why = "TP/CP communication overlap"
+        out.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1", "recipe", why))
+    if cfg.train.device == "cpu":
+        return out
+    if par.overlap_grad_reduce or par.overlap_param_gather:
+        # Leave SMs free for the overlapped reduce-scatter/all-gather kernels; TE's LayerNorm
+        # kernels would otherwise take every SM and serialise them (NeMo's perf setting).
+        why = "DP overlap: SMs for NCCL kernels"
+        out.append(EnvVar("NVTE_FWD_LAYERNORM_SM_MARGIN", "16", "recipe", why))
+        out.append(EnvVar("NVTE_BWD_LAYERNORM_SM_MARGIN", "16", "recipe", why))
+    # Gradient buckets are used on side streams: without this, recordStream holds their memory
+    # until the caching allocator next syncs, which costs GiBs at large bucket sizes.
+    why = "frees NCCL buffers promptly"
+    out.append(EnvVar("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", "recipe", why))
+    return out
+
+
+def launcher_env(shutdown_grace_s: int | None) -> list[EnvVar]:
+    """torchrun's own knobs: quiet agent logs, and time for the ranks to save after SIGTERM."""
+    out = [
+        EnvVar(
+            "LOGLEVEL", "WARNING", "launcher", "torchrun agent logs (INFO repeats every setting)"
+        )
+    ]
+    if shutdown_grace_s:
+        # torchrun forwards SIGTERM to the ranks and kills them after this many seconds (default
+        # 30): long enough to finish the current step and write the checkpoint.
+        out.append(
+            EnvVar(
+                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                str(shutdown_grace_s),
+                "launcher",
+                "save on SIGTERM",
+            )
+        )
+    return out
+
+
+def fabric_problems(fabric: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Names in a profile's [fabric] table that are not fabric variables."""
+    problems = []
+    for name in fabric:
+        where = f"fabric.{name}"
+        if not _NAME.match(name):
+            problems.append((where, "not a valid environment variable name"))
+        elif is_secret(name):
+            problems.append((where, f"looks like a secret: export {name} in your shell instead"))
+        elif recipe_owned(name):
+            problems.append(
+                (
+                    where,
+                    "a process knob owned by the recipe (launchers/env.py derives it from the config); export it in your shell to override one run",
+                )
+            )
+        elif not name.startswith(FABRIC_PREFIXES):
+            hint = (
+                suggest(name, KNOWN_FABRIC)
+                or f" Fabric variables start with {', '.join(FABRIC_PREFIXES)}; other site variables go in [env]."
+            )
+            problems.append((where, f"not a fabric variable.{hint}"))
+    return problems
+
+
+def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Names in a profile's [env] table that belong to the recipe."""
+    return [
+        (
+            f"env.{name}",
+            "a process knob owned by the recipe; export it in your shell to override one run",
+        )
+        for name in env
+        if recipe_owned(name)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvPlan:
+    """What a job's environment gets: defaults by owner, and names forwarded from the user's."""
+
+    defaults: list[EnvVar]  # set only where the user's environment leaves them unset
+    secrets: list[str] = field(default_factory=list)  # set in the user's environment; names only
+    user_wins: list[str] = field(default_factory=list)  # defaults the user's environment overrides
+
+    @property
+    def names(self) -> list[str]:
+        """Every name the ranks must see (what a container must let through)."""
+        return [v.name for v in self.defaults] + self.secrets
+
+    def process_env(self, user_env: Mapping[str, str]) -> dict[str, str]:
+        """For a local launch: the defaults the user's environment does not already set."""
+        return {v.name: v.value for v in self.defaults if v.name not in user_env}
+
+
+def plan_env(
+    cfg: TrainingConfig,
+    fabric: Mapping[str, str],
+    site: Mapping[str, str],
+    user_env: Mapping[str, str],
+    shutdown_grace_s: int | None = None,
+) -> EnvPlan:
+    """Merge the owners' variables (later owners win a name) and pick out the user's secrets."""
+    merged: dict[str, EnvVar] = {}
+    layers = (
+        recipe_env(cfg),
+        launcher_env(shutdown_grace_s),
+        [EnvVar(k, str(v), "profile [env]") for k, v in site.items()],
+        [EnvVar(k, str(v), "profile [fabric]") for k, v in fabric.items()],
+    )
+    for layer in layers:
+        for var in layer:
+            merged[var.name] = var
+    defaults = list(merged.values())
+    secrets = sorted(name for name in user_env if is_secret(name) and _NAME.match(name))
+    user_wins = [v.name for v in defaults if v.name in user_env]
+    return EnvPlan(defaults=defaults, secrets=secrets, user_wins=user_wins)

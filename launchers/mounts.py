@@ -1,0 +1,106 @@
+"""Container mounts: parse them, map host paths into the container, refuse what would be lost.
+
+A containerised rank sees only what is mounted. A checkpoint written to an unmounted path lands in
+the container's throw-away filesystem (or fails on a read-only image) and is gone when the job
+ends, which is exactly the failure a chain of jobs cannot survive; so the launcher refuses such a
+run before it is submitted. Mounts use pyxis's and Apptainer's common form, "host[:container[:flags]]".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from training.tree import ConfigError
+
+# Characters no generated file can carry safely: they end an #SBATCH line or a mount list.
+_CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
+
+
+def check_text(field: str, value: str) -> list[tuple[str, str]]:
+    """A value that goes into a generated script must not hold control characters (newlines)."""
+    bad = sorted({repr(c) for c in value if c in _CONTROL})
+    return [(field, f"contains {', '.join(bad)}: not allowed in a path or name")] if bad else []
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    host: str
+    container: str
+    flags: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.container}" + (f":{self.flags}" if self.flags else "")
+
+
+def parse_mount(text: str, field: str = "mounts") -> Mount:
+    """ "host[:container[:flags]]" with absolute paths, no commas (the list separator)."""
+    problems = check_text(field, text)
+    parts = text.split(":")
+    if "," in text:
+        problems.append((field, f"'{text}': a comma separates mounts; list each mount on its own"))
+    if len(parts) > 3 or not all(parts[:2]):
+        problems.append((field, f"'{text}' is not host[:container[:flags]]"))
+    elif not all(p.startswith("/") for p in parts[:2]):
+        problems.append((field, f"'{text}': mount paths must be absolute"))
+    if problems:
+        raise ConfigError(problems)
+    host = parts[0]
+    container = parts[1] if len(parts) > 1 else host
+    return Mount(host, container, parts[2] if len(parts) > 2 else "")
+
+
+def parse_mounts(texts: list[str]) -> list[Mount]:
+    problems, out = [], []
+    for i, text in enumerate(texts):
+        try:
+            out.append(parse_mount(text, f"mounts[{i}]"))
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def covering(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount that holds host `path` (the longest match, as the container stacks them)."""
+    best: Mount | None = None
+    for mount in mounts:
+        if PurePosixPath(path).is_relative_to(mount.host) and (
+            best is None or len(mount.host) > len(best.host)
+        ):
+            best = mount
+    return best
+
+
+def to_container(path: str, mounts: list[Mount]) -> str | None:
+    """Where the container sees host `path`, or None when no mount covers it."""
+    mount = covering(path, mounts)
+    if mount is None:
+        return None
+    return str(PurePosixPath(mount.container) / PurePosixPath(path).relative_to(mount.host))
+
+
+def require_mounted(paths: dict[str, str], mounts: list[Mount]) -> dict[str, str]:
+    """Each writable field's host path as the container sees it; ConfigError for any outside the
+    mounts or on a read-only one."""
+    inside, problems = {}, []
+    listed = ", ".join(str(m) for m in mounts) or "none"
+    for field, path in paths.items():
+        mount = covering(path, mounts)
+        if mount is None:
+            problems.append(
+                (
+                    field,
+                    f"{path} is outside the container's mounts ({listed}): what the job writes there is lost when it ends; add a mount that covers it to the profile's `mounts`, or move it under one",
+                )
+            )
+        elif "ro" in mount.flags.split("+") + mount.flags.split(","):
+            problems.append(
+                (field, f"{path} is on the read-only mount {mount}; the job must write there")
+            )
+        else:
+            inside[field] = to_container(path, mounts)
+    if problems:
+        raise ConfigError(problems)
+    return inside

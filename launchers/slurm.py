@@ -1,0 +1,277 @@
+"""The three Slurm executors: what one node runs, in each kind of environment.
+
+- `slurm`: pyxis/enroot containers (what NeMo-Run's SlurmExecutor targets): srun --container-image
+  with the mounts, the working directory, --no-container-mount-home, --container-writable and, when
+  the profile asks, --mpi=pmix.
+- `slurm-apptainer`: `apptainer exec --nv` with --bind mounts, for centres without pyxis.
+- `slurm-bare`: no container; the batch script activates a venv on a shared filesystem.
+
+In every kind srun starts one task per node, and that task is torchrun with the node's ranks;
+torchrun's c10d rendezvous runs on the first node of the allocation. `launchers.sbatch` renders
+the job into a script; `nemo_executor` gives Python users the same pyxis job as a NeMo-Run
+`SlurmExecutor` for `run.run` / `run.Experiment`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launchers.env import EnvPlan, plan_env
+from launchers.mounts import check_text, parse_mounts, require_mounted
+from launchers.profile import Profile
+from training.config import TrainingConfig
+from training.tree import ConfigError
+
+ENTRY_MODULE = "training.entry"  # what every rank runs: python -m training.entry --config PATH
+
+
+class Raw(str):
+    """A piece of shell text written as is (runtime expansions such as "$head_node:29500")."""
+
+
+# A command-line argument, or a few that belong on one line ("--config", path).
+Arg = str | tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One job of a run, complete: rendering it needs nothing else (and reads no clock)."""
+
+    kind: str  # "slurm", "slurm-apptainer" or "slurm-bare"
+    name: str  # the Slurm job name
+    nodes: int
+    procs_per_node: int  # ranks per node: torchrun --nproc-per-node
+    device: str  # "cuda" asks Slurm for GPUs; "cpu" runs the CPU smoke mode
+    profile: Profile
+    run_dir: str  # host path: config.yaml, metrics.jsonl, checkpoints (by default)
+    job_dir: str  # host path: the sbatch script and the Slurm log
+    config_path: str  # the resolved config as the ranks see it (inside the container)
+    env: EnvPlan
+    signal_s: int | None = None  # USR1 to the batch shell this long before the wall time
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.job_dir}/{self.name}-%j.out"  # %j: the job id (one log per link of a chain)
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.job_dir}/{self.name}.sbatch"
+
+
+def slurm_job(
+    cfg: TrainingConfig,
+    profile: Profile,
+    *,
+    nodes: int,
+    procs_per_node: int,
+    run_dir: str,
+    user_env: Mapping[str, str],
+) -> tuple[TrainingConfig, SlurmJob]:
+    """The config the ranks read and the job that runs it; pure (no clock, no files).
+
+    - The run stops itself before the wall time: train.exit_duration_minutes (unless set) becomes
+      the profile's time minus exit_margin_minutes, and USR1 arrives at the same margin as a
+      backstop for a slow start-up.
+    - In a container, the run directory and any checkpoint directory must lie in a writable
+      mount; the config then names them as the container sees them.
+    """
+    cfg = copy.deepcopy(cfg)
+    kind = profile.executor
+    margin_s = int(profile.exit_margin_minutes * 60)
+    if cfg.train.exit_duration_minutes is None:
+        cfg.train.exit_duration_minutes = profile.time_minutes - profile.exit_margin_minutes
+    writable = {"logging.run_dir": run_dir}
+    writable |= {
+        f"checkpoint.{k}": getattr(cfg.checkpoint, k)
+        for k in ("save_dir", "load_dir")
+        if getattr(cfg.checkpoint, k)
+    }
+    if profile.containerised:
+        inside = require_mounted(writable, parse_mounts(profile.mounts))
+    else:
+        inside = writable
+    cfg.logging.run_dir = inside["logging.run_dir"]
+    cfg.checkpoint.save_dir = inside.get("checkpoint.save_dir", cfg.checkpoint.save_dir)
+    cfg.checkpoint.load_dir = inside.get("checkpoint.load_dir", cfg.checkpoint.load_dir)
+    device = "cpu" if cfg.train.device == "cpu" else "cuda"
+    env = plan_env(cfg, profile.fabric, profile.env, user_env, shutdown_grace_s=margin_s)
+    job_dir = (
+        f"{profile.job_dir.rstrip('/')}/{run_dir.rstrip('/').rsplit('/', 1)[-1]}"
+        if profile.job_dir
+        else f"{run_dir}/slurm"
+    )
+    job = SlurmJob(
+        kind=kind,
+        name=job_name(cfg.name),
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        device=device,
+        profile=profile,
+        run_dir=run_dir,
+        job_dir=job_dir,
+        config_path=f"{cfg.logging.run_dir}/config.yaml",
+        env=env,
+        signal_s=margin_s or None,
+    )
+    check_job(job)
+    return cfg, job
+
+
+def job_name(name: str) -> str:
+    """A Slurm job name from a recipe name: letters, digits, '_', '.', '-' only."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:100] or "recipe"
+
+
+def check_job(job: SlurmJob) -> None:
+    """Refuse what no generated script can carry: control characters in paths, bad mounts."""
+    p = job.profile
+    texts = {
+        "logging.run_dir": job.run_dir,
+        "job_dir": job.job_dir,
+        "config": job.config_path,
+        "container_image": p.container_image or "",
+        "workdir": p.workdir or "",
+        "venv": p.venv or "",
+        "account": p.account or "",
+        "partition": p.partition or "",
+        "qos": p.qos or "",
+        "reservation": p.reservation or "",
+        "constraint": p.constraint or "",
+        "mem": p.mem or "",
+    }
+    texts |= {f"env.{v.name}": v.value for v in job.env.defaults}
+    problems = [pr for field, text in texts.items() for pr in check_text(field, text)]
+    for i, flag in enumerate(p.sbatch_flags):
+        problems += check_text(f"sbatch_flags[{i}]", flag)
+        if not re.match(r"--[a-z][a-z0-9-]*(=.*)?\Z", flag):
+            problems.append(
+                (f"sbatch_flags[{i}]", f"'{flag}' is not one --option or --option=value")
+            )
+    if problems:
+        raise ConfigError(problems)
+    parse_mounts(p.mounts)
+
+
+def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
+    """The #SBATCH lines as (option, value); None for a flag without a value."""
+    p = job.profile
+    opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
+    for option, value in (
+        ("--account", p.account),
+        ("--partition", p.partition),
+        ("--qos", p.qos),
+        ("--reservation", p.reservation),
+        ("--constraint", p.constraint),
+    ):
+        if value:
+            opts.append((option, value))
+    opts += [("--nodes", str(job.nodes)), ("--ntasks-per-node", "1")]  # one torchrun per node
+    if job.device != "cpu":
+        opts.append(("--gpus-per-node", str(job.procs_per_node)))
+    if p.cpus_per_task:
+        opts.append(("--cpus-per-task", str(p.cpus_per_task)))
+    if p.mem:
+        opts.append(("--mem", p.mem))
+    if p.exclusive:
+        opts.append(("--exclusive", None))
+    opts += [("--time", p.time), ("--output", job.log_path), ("--open-mode", "append")]
+    if job.signal_s:
+        # B: only the batch shell gets it; the script turns it into SIGTERM for the ranks.
+        opts.append(("--signal", f"B:USR1@{job.signal_s}"))
+    for flag in p.sbatch_flags:
+        option, _, value = flag.partition("=")
+        opts.append((option, value if "=" in flag else None))
+    return opts
+
+
+def torchrun_command(job: SlurmJob) -> list[Arg]:
+    """One node's torchrun: all its ranks, c10d rendezvous on the first node of the job."""
+    return [
+        "torchrun",
+        f"--nnodes={job.nodes}",
+        f"--nproc-per-node={job.procs_per_node}",
+        "--rdzv-backend=c10d",
+        Raw(f'--rdzv-endpoint="$head_node":{job.profile.rdzv_port}'),
+        Raw('--rdzv-id="$SLURM_JOB_ID"'),
+        "--max-restarts=0",  # a failed rank fails the job; the next link of a chain resumes
+        ("-m", ENTRY_MODULE),
+        ("--config", job.config_path),
+    ]
+
+
+def srun_command(job: SlurmJob) -> list[Arg]:
+    """srun, one task per node holding all the node's CPUs, wrapped for the job's environment."""
+    p = job.profile
+    srun: list[Arg] = [
+        "srun",
+        "--ntasks-per-node=1",
+        # The one task runs every rank of the node: give it all the job's CPUs, bind none.
+        Raw('--cpus-per-task="$SLURM_CPUS_ON_NODE"'),
+        "--cpu-bind=none",
+        "--kill-on-bad-exit=1",
+    ]
+    mounts = ",".join(str(m) for m in parse_mounts(p.mounts))
+    if job.kind == "slurm":
+        srun += [f"--container-image={p.container_image}"]
+        srun += [f"--container-mounts={mounts}"] if mounts else []
+        srun += [f"--container-workdir={p.workdir}"] if p.workdir else []
+        # Home stays out (its ~/.local packages would shadow the image's); the image is writable
+        # for caches that libraries write next to themselves (Triton, TE JIT).
+        srun += ["--no-container-mount-home", "--container-writable"]
+        srun += [f"--mpi={p.mpi}"] if p.mpi else []
+        # Our variables must win over the image's ENV lines: pyxis sets these from the job's.
+        srun += [f"--container-env={','.join(job.env.names)}"] if job.env.names else []
+        return srun + torchrun_command(job)
+    if job.kind == "slurm-apptainer":
+        wrap: list[Arg] = [("apptainer", "exec")] + (["--nv"] if job.device != "cpu" else [])
+        wrap += ["--no-home"] + ([("--bind", mounts)] if mounts else [])
+        wrap += [("--pwd", p.workdir)] if p.workdir else []
+        return srun + wrap + [p.container_image or ""] + torchrun_command(job)
+    return srun + torchrun_command(job)
+
+
+def nemo_executor(job: SlurmJob) -> Any:
+    """The same pyxis job as a NeMo-Run SlurmExecutor, for `run.run(recipes.nemo.partial(...))`.
+
+    NeMo-Run renders and submits it with its own template (which writes environment values into
+    the script, so export secrets in your shell rather than passing them in env_vars). Only the
+    pyxis kind exists in NeMo-Run; the other two are rendered by `launchers.sbatch` alone.
+    """
+    if job.kind != "slurm":
+        raise ConfigError(
+            [
+                (
+                    "--executor",
+                    f"NeMo-Run's SlurmExecutor runs pyxis containers only; launch {job.kind} with `recipes run --executor {job.kind}`",
+                )
+            ]
+        )
+    import nemo_run as run
+
+    p = job.profile
+    srun_args = ["--no-container-mount-home", "--container-writable"] + (
+        [f"--mpi={p.mpi}"] if p.mpi else []
+    )
+    return run.SlurmExecutor(
+        account=p.account or "",
+        partition=p.partition,
+        qos=p.qos,
+        time=p.time,
+        nodes=job.nodes,
+        ntasks_per_node=job.procs_per_node,
+        gpus_per_node=job.procs_per_node if job.device != "cpu" else None,
+        exclusive=p.exclusive or None,
+        container_image=p.container_image,
+        container_mounts=[str(m) for m in parse_mounts(p.mounts)],
+        container_env=job.env.names or None,
+        env_vars={v.name: v.value for v in job.env.defaults},
+        srun_args=srun_args,
+        # NeMo-Run's script traps nothing, so SIGTERM goes straight to the steps (torchrun, ranks).
+        signal=f"TERM@{job.signal_s}" if job.signal_s else None,
+        tunnel=run.LocalTunnel(job_dir=job.job_dir),
+        launcher="torchrun",
+    )

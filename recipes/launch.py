@@ -1,0 +1,196 @@
+"""`recipes run`: check a recipe, write its resolved config into a run directory, launch it.
+
+    recipe + overrides -> (--shrink) -> check (refuse invalid: 2; does not fit: 3, except on CPU)
+    -> run directory (logging.run_dir, or runs/<recipe>-<UTC time>) -> config.yaml
+    -> local: NeMo-Run LocalExecutor + torchrun, in the foreground
+    -> slurm, slurm-apptainer, slurm-bare: an sbatch script per launchers/, submitted (--chain K)
+
+Every rank runs only `python -m training.entry --config <run dir>/config.yaml`. The last line a
+real run prints is `run directory: PATH`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from launchers.env import EnvPlan, plan_env
+from launchers.profile import Profile, load_profile, replace
+from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.cli import cluster_for, resolve
+from recipes.registry import Recipe
+from recipes.shrink import fit_to_world, shrink
+from training.config import TrainingConfig
+from training.hardware import Cluster
+from training.tree import ConfigError, to_dict
+
+
+def run_command(args: argparse.Namespace) -> int:
+    profile = _profile(args)
+    recipe, cfg = resolve(args.recipe, args.overrides)
+    cluster = _cluster(recipe, args, profile)
+    if args.device == "cuda":
+        cfg.train.device = "cuda"
+    elif cluster.gpu == "cpu":
+        cfg.train.device = "cpu"  # the CPU smoke mode: gloo, no FP8, no memory limit to check
+    on_cpu = cfg.train.device == "cpu"
+    if args.shrink:
+        cfg = shrink(cfg)
+        if on_cpu:
+            for change in fit_to_world(cfg, cluster.world_size):
+                print(f"shrink: {change}")
+    report = check(cfg, cluster)
+    if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
+        print(render(report))
+        return report.exit_code
+    if profile.executor == "local":
+        return _run_local(cfg, cluster, profile, args)
+    return _run_slurm(cfg, cluster, profile, args)
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    """The cluster profile; --executor other than the default `local` overrides its executor."""
+    if args.profile:
+        profile = load_profile(args.profile)
+        if args.executor != "local" and args.executor != profile.executor:
+            profile = replace(profile, executor=args.executor)
+        return profile
+    if args.executor in ("slurm", "slurm-apptainer"):
+        raise ConfigError(
+            [
+                (
+                    "--cluster",
+                    f"--executor {args.executor} needs a cluster profile with container_image and mounts; see launchers/profiles/{args.executor}.toml",
+                )
+            ]
+        )
+    if args.executor == "slurm-bare":  # default: this interpreter's venv, on a shared filesystem
+        return replace(Profile(executor="slurm-bare"), venv=sys.prefix)
+    return Profile(executor="local")
+
+
+def _cluster(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Cluster:
+    """Job size: command line, then profile, then the recipe's published cluster. On the CPU a
+    recipe published for GPUs defaults to one node with two processes, not its GPU count."""
+    published_on_cpu = recipe.cluster.gpu == "cpu"
+    cpu = args.device == "cpu" or (
+        args.device is None and (args.gpu or profile.gpu or recipe.cluster.gpu) == "cpu"
+    )
+    sized = argparse.Namespace(
+        nodes=args.nodes or profile.nodes or (None if published_on_cpu or not cpu else 1),
+        gpus_per_node=args.gpus_per_node
+        or profile.gpus_per_node
+        or (None if published_on_cpu or not cpu else 2),
+        gpu="cpu" if cpu else (args.gpu or profile.gpu),
+    )
+    return cluster_for(recipe, sized)
+
+
+def _run_dir(cfg: TrainingConfig, profile: Profile) -> Path:
+    """logging.run_dir, or <run_root or ./runs>/<recipe>-<UTC time> (a new one), as an absolute path."""
+    if cfg.logging.run_dir:
+        return Path(os.path.abspath(os.path.expanduser(cfg.logging.run_dir)))
+    root = Path(os.path.abspath(os.path.expanduser(profile.run_root or "runs")))
+    base = root / f"{cfg.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    path, n = base, 2
+    while path.exists():
+        path, n = Path(f"{base}-{n}"), n + 1
+    return path
+
+
+def _write_config(cfg: TrainingConfig, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _describe_env(plan: EnvPlan) -> str:
+    defaults = ", ".join(
+        f"{v.name}={v.value} ({v.owner})" for v in plan.defaults if v.name not in plan.user_wins
+    )
+    parts = [f"environment: {defaults or 'no defaults'}"]
+    if plan.user_wins:
+        parts.append(f"yours win: {' '.join(plan.user_wins)}")
+    if plan.secrets:
+        parts.append(f"secrets by name: {' '.join(plan.secrets)}")
+    return "; ".join(parts)
+
+
+def _run_local(
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, args: argparse.Namespace
+) -> int:
+    from launchers import local
+
+    if cluster.num_nodes > 1 or args.chain > 1:
+        raise ConfigError(
+            [
+                (
+                    "--executor",
+                    "local runs one node and one job; use a Slurm executor for --nodes > 1 or --chain",
+                )
+            ]
+        )
+    run_dir = _run_dir(cfg, profile)
+    cfg.logging.run_dir = str(run_dir)
+    plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
+    executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
+    script = local.entry_script(local.config_argument(run_dir / "config.yaml"))
+    if args.dryrun:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        print(f"# launch ({cluster.gpus_per_node} ranks, NeMo-Run LocalExecutor):")
+        print(local.dryrun_command(executor, script))
+        print(f"dry run: nothing launched; the run would go to {run_dir}")
+        return 0
+    home = local.nemorun_home(run_dir, os.environ)
+    _write_config(cfg, run_dir)
+    print(_describe_env(plan), flush=True)
+    code = local.run_local(executor, script, cfg.name, home)
+    print(f"run directory: {run_dir}")
+    return code
+
+
+def _run_slurm(
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, args: argparse.Namespace
+) -> int:
+    from launchers import sbatch
+    from launchers.slurm import slurm_job
+
+    run_dir = _run_dir(cfg, profile)
+    ranks_cfg, job = slurm_job(
+        cfg,
+        profile,
+        nodes=cluster.num_nodes,
+        procs_per_node=cluster.gpus_per_node,
+        run_dir=str(run_dir),
+        user_env=os.environ,
+    )
+    text = sbatch.render(job)
+    if args.dryrun:
+        print(yaml.safe_dump(to_dict(ranks_cfg), sort_keys=False), end="")
+        print(f"# {job.script_path}")
+        print(text, end="")
+        print(f"dry run: nothing submitted; the run would go to {run_dir}")
+        return 0
+    _write_config(ranks_cfg, run_dir)
+    script = sbatch.write(job)
+    print(_describe_env(job.env))
+    try:
+        ids = sbatch.submit(script, chain=args.chain)
+    except (OSError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    chain = (
+        " (a chain: each waits for the previous one and resumes its checkpoint)"
+        if len(ids) > 1
+        else ""
+    )
+    print(f"submitted {job.kind} job(s): {' '.join(ids)}{chain}")
+    print(f"logs: {job.log_path.replace('%j', '<job id>')}")
+    print(f"run directory: {run_dir}")
+    return 0
