@@ -29,7 +29,12 @@ from training.precision import PrecisionPreset
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
-_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "blockwise": "blockwise", "mxfp8": "mxfp8"}
+_FP8_RECIPES = {
+    "delayed": "delayed",
+    "tensorwise": "tensorwise",
+    "blockwise": "blockwise",
+    "mxfp8": "mxfp8",
+}
 
 
 def chunks_per_rank(cfg: TrainingConfig, derived: Derived) -> int:
@@ -68,7 +73,9 @@ def _precision_fields(preset: PrecisionPreset, dtype: torch.dtype) -> dict[str, 
     return fields
 
 
-def transformer_config(cfg: TrainingConfig, derived: Derived, device: str, dtype: torch.dtype) -> TransformerConfig:
+def transformer_config(
+    cfg: TrainingConfig, derived: Derived, device: str, dtype: torch.dtype
+) -> TransformerConfig:
     """Megatron-Core's TransformerConfig (or MLATransformerConfig) for this run."""
     m, par = cfg.model, cfg.parallel
     vpp = chunks_per_rank(cfg, derived)
@@ -100,6 +107,12 @@ def transformer_config(cfg: TrainingConfig, derived: Derived, device: str, dtype
         sequence_parallel=par.sequence_parallel,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=derived.expert_tensor_parallel_size,
+        # Interleaved schedule: overlap the P2P transfers with compute, with unbatched P2P ops
+        # (Megatron-LM's default). Batched, PP=2 would put two sends to the same peer into one
+        # batch, which the receiver can match in the wrong order (measured: swapped activations
+        # and gradients over gloo).
+        overlap_p2p_comm=vpp > 1,
+        batch_p2p_comm=vpp == 1,
         # Free each pipeline output's data once it has been sent (Megatron-LM's default).
         deallocate_pipeline_outputs=True,
         transformer_impl="transformer_engine" if choose_backend(device) == "te" else "local",
@@ -116,7 +129,8 @@ def transformer_config(cfg: TrainingConfig, derived: Derived, device: str, dtype
             moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
             # 0 = dense, 1 = MoE per layer: DeepSeek-V3 keeps its first layers dense.
-            moe_layer_freq=[0] * m.moe_first_k_dense_layers + [1] * (m.num_layers - m.moe_first_k_dense_layers),
+            moe_layer_freq=[0] * m.moe_first_k_dense_layers
+            + [1] * (m.num_layers - m.moe_first_k_dense_layers),
             moe_router_score_function=m.moe_router_score_function,
             moe_router_load_balancing_type=m.moe_router_load_balancing_type,
             moe_aux_loss_coeff=m.moe_aux_loss_coeff,
@@ -137,7 +151,9 @@ def transformer_config(cfg: TrainingConfig, derived: Derived, device: str, dtype
     return TransformerConfig(**fields)
 
 
-def build_chunks(cfg: TrainingConfig, derived: Derived, config: TransformerConfig, device: str) -> list[GPTModel]:
+def build_chunks(
+    cfg: TrainingConfig, derived: Derived, config: TransformerConfig, device: str
+) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), not yet wrapped or moved."""
     m = cfg.model
     backend = choose_backend(device)

@@ -65,18 +65,26 @@ class SdpaAttention(MegatronModule):
     ) -> None:
         super().__init__(config=config)
         if config.context_parallel_size != 1:
-            raise ValueError("SdpaAttention has no context parallelism; it needs Transformer Engine")
+            raise ValueError(
+                "SdpaAttention has no context parallelism; it needs Transformer Engine"
+            )
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
-        tp_size = pg_collection.tp.size() if pg_collection is not None else config.tensor_model_parallel_size
+        tp_size = (
+            pg_collection.tp.size()
+            if pg_collection is not None
+            else config.tensor_model_parallel_size
+        )
         self.num_heads_per_partition = divide(config.num_attention_heads, tp_size)
         self.num_groups_per_partition = divide(config.num_query_groups, tp_size)
         k_dim = k_channels or config.kv_channels
         # MLA reads and may change this attribute for packed sequences.
         self.hidden_size_per_attention_head_v = v_channels or config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_dim)
-        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.dropout_p = (
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
 
     def forward(
         self,
@@ -136,14 +144,19 @@ def decoder_block_spec(
 ) -> TransformerBlockSubmodules:
     """The layers of one pipeline chunk (dense or MoE per config.moe_layer_freq)."""
     spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=backend == "te", normalization=normalization, vp_stage=vp_stage
+        config,
+        use_transformer_engine=backend == "te",
+        normalization=normalization,
+        vp_stage=vp_stage,
     )
     if backend == "sdpa" and _sdpa_can_run(config):
         _swap_core_attention(spec.layer_specs, SdpaAttention)
     return spec
 
 
-def mtp_block_spec(config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None) -> Any:
+def mtp_block_spec(
+    config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None
+) -> Any:
     """Multi-token-prediction layers of the chunk that holds them (None elsewhere).
 
     Each MTP layer wraps a copy of the model's last decoder layer (MoE in DeepSeek-V3), taken from
@@ -156,4 +169,6 @@ def mtp_block_spec(config: TransformerConfig, backend: str, normalization: str, 
     )[-1]
     if backend == "sdpa" and _sdpa_can_run(config):
         _swap_core_attention([last_layer], SdpaAttention)
-    return get_gpt_mtp_block_spec(config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage)
+    return get_gpt_mtp_block_spec(
+        config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage
+    )

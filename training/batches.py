@@ -46,12 +46,16 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
 
         train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
         return train
-    raise NotImplementedError(f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'")
+    raise NotImplementedError(
+        f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'"
+    )
 
 
 def _mock_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
     """Megatron's MockGPTDataset: documents of counting tokens (1, 2, 3, ... mod vocab) + EOD."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
 
     config = GPTDatasetConfig(
@@ -76,7 +80,9 @@ class DataParallelSampler:
     Samples [c, c + micro x DP) form one round; rank r takes [c + r x micro, c + (r+1) x micro).
     """
 
-    def __init__(self, total: int, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int):
+    def __init__(
+        self, total: int, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int
+    ):
         self.total = total
         self.consumed_samples = consumed_samples
         self.micro = micro_batch_size
@@ -112,7 +118,11 @@ class TrainBatches:
         self.consumed_samples = consumed_samples
         self.device = device
         sampler = DataParallelSampler(
-            len(dataset), consumed_samples, cfg.train.micro_batch_size, dp_rank, derived.data_parallel_size
+            len(dataset),
+            consumed_samples,
+            cfg.train.micro_batch_size,
+            dp_rank,
+            derived.data_parallel_size,
         )
         # On the CPU the ranks already occupy every core: loader workers would only compete with them.
         workers = cfg.data.num_workers if device == "cuda" else 0

@@ -203,7 +203,9 @@ class _CpuRNGStatesTracker:
 _real_type = torch.Tensor.type
 
 
-def _type_with_cuda_names(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+def _type_with_cuda_names(
+    self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any
+) -> Any:
     if dtype is None and not kwargs and self.device.type == "cpu":
         return _real_type(self).replace("torch.", "torch.cuda.", 1)
     return _real_type(self, dtype, non_blocking, **kwargs)
@@ -255,8 +257,12 @@ def enable() -> None:
     random.CudaRNGStatesTracker = type(
         "CpuRNGStatesTracker", (_CpuRNGStatesTracker, random.CudaRNGStatesTracker), {}
     )
-    random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
-    random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+    random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: (
+        torch.get_rng_state()
+    )
+    random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(
+        new_state
+    )
     random.initialize_rng_tracker(force_reset=True)
 
     # 3. 'torch.cuda.*Tensor' type checks: parameter grouping of both optimizers and gradient

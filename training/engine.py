@@ -87,7 +87,11 @@ class Trainer:
         distributed.init_process_group(launch, device)
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
-        self.torch_device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.torch_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if device == "cuda"
+            else torch.device("cpu")
+        )
 
         self.model, self.config = build_model(cfg, derived, device)
         self.optimizer = build_optimizer(cfg, self.model, self.config)
@@ -102,7 +106,9 @@ class Trainer:
 
     def _batches(self, consumed_samples: int) -> TrainBatches:
         dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
-        return TrainBatches(self.cfg, self.derived, self.dataset, dp_rank, self.device, consumed_samples)
+        return TrainBatches(
+            self.cfg, self.derived, self.dataset, dp_rank, self.device, consumed_samples
+        )
 
     # --- the checkpoint seam ------------------------------------------------------------------
     def state_for_checkpoint(self) -> dict[str, Any]:
@@ -154,7 +160,9 @@ class Trainer:
 
     def _log(self, result: Any, tokens_per_s: float, elapsed: float) -> None:
         world = dist.get_world_size()
-        tflops = self.flops_per_token * tokens_per_s / world / 1e12 if self.flops_per_token else None
+        tflops = (
+            self.flops_per_token * tokens_per_s / world / 1e12 if self.flops_per_token else None
+        )
         metrics = {
             "loss": result.loss,
             "lr": result.lr,
@@ -180,7 +188,9 @@ class Trainer:
         limit = self.cfg.train.exit_duration_minutes
         if limit is None:
             return False
-        late = torch.tensor([float(time.monotonic() - started > 60 * limit)], device=self.torch_device)
+        late = torch.tensor(
+            [float(time.monotonic() - started > 60 * limit)], device=self.torch_device
+        )
         dist.all_reduce(late, op=dist.ReduceOp.MAX)
         return bool(late.item())
 

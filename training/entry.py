@@ -32,7 +32,9 @@ def cluster_from_env(device: str) -> Cluster:
     name = torch.cuda.get_device_name()
     kind = gpu_from_device_name(name)
     if kind is None:
-        raise ConfigError([("cluster.gpu", f"unknown GPU '{name}'; known kinds: a100, h100, h200, b200, gb200")])
+        raise ConfigError(
+            [("cluster.gpu", f"unknown GPU '{name}'; known kinds: a100, h100, h200, b200, gb200")]
+        )
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
 
 
@@ -107,7 +109,9 @@ def load_config(path: str, overrides: list[str]) -> TrainingConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.entry", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m training.entry", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config", required=True, help="a resolved config YAML")
     parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=10")
     args = parser.parse_args(argv)

@@ -28,7 +28,9 @@ class StepResult:
     skipped: bool  # the update was skipped (FP16 overflow)
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def loss_func(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Summed masked loss, its token count, and a [sum, count] pair for reporting.
 
     Returned as a triple, Megatron's schedules divide the sum by the count (and by the number of
@@ -43,7 +45,9 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[tor
     return loss_sum, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator: Iterator[dict], model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
+def forward_step(
+    data_iterator: Iterator[dict], model: torch.nn.Module
+) -> tuple[torch.Tensor, Callable]:
     """Megatron's forward_step_func: one microbatch through one model chunk."""
     batch = next(data_iterator)
     # With labels, GPTModel returns the per-token cross-entropy [b, s] (vocab-parallel over TP).

@@ -28,7 +28,10 @@ class JsonlStepLogger:
         self._file = path.open("a", encoding="utf-8")
 
     def on_step(self, step: int, metrics: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in metrics.items()
+        }
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
 
