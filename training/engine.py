@@ -7,7 +7,8 @@ Checkpointing plugs in at step boundaries without touching the loop:
 - `Trainer.restore(state)` takes the same dict back after the model and optimizer have been
   loaded in place, and continues from that step with the samples that follow.
 - `Trainer.train(hooks)` calls `hook.after_step(trainer)` after every step and
-  `hook.at_end(trainer)` once the loop ends (max_steps or the time limit), on every rank.
+  `hook.at_end(trainer)` once the loop ends (max_steps, the time limit, or a hook that set
+  `trainer.stop_requested`, e.g. on an exit signal), on every rank.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class Trainer:
         self.cfg, self.derived, self.device, self.run_dir = cfg, derived, device, run_dir
         self.peak_tflops = peak_tflops  # per GPU in the run's GEMM precision; None: no MFU (CPU)
         self.step = 0
+        # A hook sets this (on every rank alike) to end the loop at this step boundary.
+        self.stop_requested = False
         launch = distributed.launch_from_env()
         distributed.init_process_group(launch, device)
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
@@ -153,7 +156,7 @@ class Trainer:
             self._log(result, tokens_per_step / elapsed, elapsed)
             for hook in hooks:
                 hook.after_step(self)
-            if self._out_of_time(started):
+            if self.stop_requested or self._out_of_time(started):
                 break
         for hook in hooks:
             hook.at_end(self)
