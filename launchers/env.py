@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,28 +35,20 @@ FABRIC_PREFIXES = (
     "TP_SOCKET_IFNAME",
 )
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Well-known fabric variables, for "did you mean" on a misspelled one.
-KNOWN_FABRIC = [
-    "NCCL_IB_HCA",
-    "NCCL_IB_GID_INDEX",
-    "NCCL_IB_TIMEOUT",
-    "NCCL_IB_SL",
-    "NCCL_IB_QPS_PER_CONNECTION",
-    "NCCL_SOCKET_IFNAME",
-    "NCCL_NET",
-    "NCCL_NET_PLUGIN",
-    "NCCL_NET_GDR_LEVEL",
-    "NCCL_CROSS_NIC",
-    "NCCL_NVLS_ENABLE",
-    "NCCL_COLLNET_ENABLE",
-    "NCCL_DEBUG",
-    "NCCL_TOPO_FILE",
-    "UCX_NET_DEVICES",
-    "UCX_TLS",
-    "FI_PROVIDER",
-    "FI_EFA_USE_DEVICE_RDMA",
-    "GLOO_SOCKET_IFNAME",
-]
+# Well-known fabric variables: a name one typo away from one of these is refused (NCCL ignores
+# a variable it does not know, so NCCL_IB_HAC would silently leave the default HCA selection).
+KNOWN_FABRIC = """
+NCCL_IB_HCA NCCL_IB_GID_INDEX NCCL_IB_TIMEOUT NCCL_IB_RETRY_CNT NCCL_IB_SL NCCL_IB_TC
+NCCL_IB_QPS_PER_CONNECTION NCCL_IB_SPLIT_DATA_ON_QPS NCCL_IB_PCI_RELAXED_ORDERING NCCL_IB_DISABLE
+NCCL_IB_ADAPTIVE_ROUTING NCCL_IB_AR_THRESHOLD NCCL_IB_MERGE_NICS NCCL_IB_ROCE_VERSION_NUM
+NCCL_SOCKET_IFNAME NCCL_SOCKET_FAMILY NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD NCCL_NET
+NCCL_NET_PLUGIN NCCL_NET_GDR_LEVEL NCCL_NET_GDR_READ NCCL_CROSS_NIC NCCL_NVLS_ENABLE
+NCCL_COLLNET_ENABLE NCCL_P2P_LEVEL NCCL_P2P_DISABLE NCCL_SHM_DISABLE NCCL_CUMEM_ENABLE
+NCCL_ALGO NCCL_PROTO NCCL_MIN_NCHANNELS NCCL_MAX_NCHANNELS NCCL_BUFFSIZE NCCL_TOPO_FILE
+NCCL_TUNER_PLUGIN NCCL_IGNORE_CPU_AFFINITY NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE
+UCX_NET_DEVICES UCX_TLS UCX_IB_PCI_RELAXED_ORDERING FI_PROVIDER FI_EFA_USE_DEVICE_RDMA
+FI_EFA_FORK_SAFE FI_LOG_LEVEL GLOO_SOCKET_IFNAME TP_SOCKET_IFNAME
+""".split()
 
 
 def is_secret(name: str) -> bool:
@@ -135,6 +128,9 @@ def fabric_problems(fabric: Mapping[str, str]) -> list[tuple[str, str]]:
                     "a process knob owned by the recipe (launchers/env.py derives it from the config); export it in your shell to override one run",
                 )
             )
+        elif name not in KNOWN_FABRIC and difflib.get_close_matches(name, KNOWN_FABRIC, 1, 0.85):
+            close = difflib.get_close_matches(name, KNOWN_FABRIC, 1, 0.85)[0]
+            problems.append((where, f"unknown fabric variable. Did you mean '{close}'?"))
         elif not name.startswith(FABRIC_PREFIXES):
             hint = (
                 suggest(name, KNOWN_FABRIC)
