@@ -65,6 +65,11 @@ _MODULES: dict[str, str] = {
     "megatron.core.models.common.language_module.language_module": "tied-embedding all-reduce",
     "megatron.core.rerun_state_machine": "result-validation tensors",
     "megatron.core.utils": "misc helpers (norms, hashes) on 'cuda'",
+    # Checkpoints (training/checkpoint.py): the synchronous torch_dist save.
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": "synchronize() before "
+    "staging tensors for writing",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver": "save-failure flag "
+    "broadcast on current_device()",
 }
 
 _CPU = torch.device("cpu")

@@ -84,12 +84,15 @@ def pretrain(config: TrainingConfig) -> None:
         _write_config(config, run_dir / "config.yaml")
 
     from training import distributed
+    from training.checkpoint import CheckpointHook
     from training.engine import Trainer
 
     trainer = None
     try:
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
-        trainer.train()
+        checkpoints = CheckpointHook(config, run_dir, device)
+        checkpoints.resume(trainer)  # from the newest complete checkpoint, if any: job chains
+        trainer.train([checkpoints])
     finally:
         if trainer is not None:
             trainer.close()

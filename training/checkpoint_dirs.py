@@ -1,0 +1,155 @@
+"""The checkpoint folder on disk: names, the `latest` pointer, atomic publication and pruning.
+
+Plain Python (no torch, no process groups): global rank 0 calls these, and tests call them directly.
+
+    <save_dir>/
+      latest                 "iter_0000020": the newest complete checkpoint (written atomically)
+      iter_0000020/          complete: Megatron's dist-checkpoint files, rng/rank_XXXXX.pt and
+                             train_state.json (step, data position, LR schedule, config hash)
+      iter_0000030.tmp/      being written, or left behind by a crash: never loaded, removed at start
+
+A checkpoint is complete once its folder carries the plain `iter_XXXXXXX` name. Everything is
+written into `iter_XXXXXXX.tmp` first, `train_state.json` last, and only then does rank 0 rename the
+folder (an atomic `rename(2)` on one file system) and point `latest` at it. A crash or SIGKILL at any
+moment therefore leaves either the previous complete checkpoint as the newest one, or the new one
+complete; never a half-written folder under a name that the loader accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+LATEST_FILE = "latest"
+STATE_FILE = "train_state.json"
+TMP_SUFFIX = ".tmp"  # being written
+DEL_SUFFIX = ".del"  # being deleted: renamed first, so a half-deleted folder never looks complete
+_COMPLETE = re.compile(r"^iter_(\d{7,})$")
+
+
+def iter_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a complete checkpoint folder's name; None for anything else (.tmp, files)."""
+    match = _COMPLETE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path: Path) -> bool:
+    return step_of(path) is not None and (path / STATE_FILE).is_file()
+
+
+def complete_checkpoints(save_dir: Path) -> list[Path]:
+    """Complete checkpoint folders under save_dir, oldest first."""
+    if not save_dir.is_dir():
+        return []
+    found = [p for p in save_dir.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found, key=lambda p: step_of(p) or 0)
+
+
+def latest_checkpoint(save_dir: Path) -> Path | None:
+    """The checkpoint to resume from: the one `latest` names, when it is complete.
+
+    `latest` wins over a newer folder so that a user can roll back by editing it (as with
+    Megatron-LM's latest_checkpointed_iteration.txt). Without a usable `latest` (deleted, or a crash
+    between the rename and its update) the newest complete folder is taken; `.tmp` folders never.
+    """
+    pointer = save_dir / LATEST_FILE
+    if pointer.is_file():
+        named = save_dir / pointer.read_text(encoding="utf-8").strip()
+        if is_complete(named):
+            return named
+    complete = complete_checkpoints(save_dir)
+    return complete[-1] if complete else None
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write-to-temp, fsync, os.replace: readers see the old content or the new, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+
+
+def _remove(path: Path) -> None:
+    """Rename out of the complete namespace first, then delete (a crash mid-delete stays harmless)."""
+    doomed = path.with_name(path.name + DEL_SUFFIX)
+    if doomed.exists():
+        shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def publish(tmp_folder: Path) -> Path:
+    """Rename a fully written `iter_XXXXXXX.tmp` to `iter_XXXXXXX` and point `latest` at it."""
+    if not tmp_folder.name.endswith(TMP_SUFFIX) or not (tmp_folder / STATE_FILE).is_file():
+        raise ValueError(f"{tmp_folder} is not a fully written checkpoint (no {STATE_FILE})")
+    final = tmp_folder.with_name(tmp_folder.name[: -len(TMP_SUFFIX)])
+    if final.exists():
+        # Left by a run that crashed after the rename but before `latest` moved on, then
+        # resumed from an older one: this run's newer state replaces it.
+        _remove(final)
+    os.rename(tmp_folder, final)
+    _fsync_dir(final.parent)
+    atomic_write_text(final.parent / LATEST_FILE, final.name + "\n")
+    return final
+
+
+def prune(save_dir: Path, keep_last: int) -> list[Path]:
+    """Remove all but the newest `keep_last` complete checkpoints (0 keeps all); returns the removed.
+
+    The one `latest` names is always kept, even when a user rolled `latest` back.
+    """
+    if keep_last <= 0:
+        return []
+    keep = latest_checkpoint(save_dir)
+    removed = []
+    for path in complete_checkpoints(save_dir)[:-keep_last]:
+        if path != keep:
+            _remove(path)
+            removed.append(path)
+    return removed
+
+
+def clean_stale(save_dir: Path) -> list[Path]:
+    """Remove `.tmp` and `.del` folders left by crashed runs (call before this run saves anything)."""
+    if not save_dir.is_dir():
+        return []
+    stale = [p for p in save_dir.iterdir() if p.name.endswith((TMP_SUFFIX, DEL_SUFFIX))]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
