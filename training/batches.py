@@ -46,6 +46,8 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
 
         train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
         return train
+    if kind == "energon":
+        return None  # Energon's loader is its own dataset: data/energon.py EnergonBatches
     raise NotImplementedError(
         f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'"
     )

@@ -66,7 +66,12 @@ def build_model(
     """This rank's model chunks, on the device, in the compute dtype, wrapped in Megatron DDP."""
     dtype = compute_dtype(cfg, derived, device)
     config = transformer_config(cfg, derived, device, dtype)
-    chunks: list[torch.nn.Module] = build_chunks(cfg, derived, config, device)
+    if cfg.model.arch == "llava":  # vision encoder + projector + GPT: models/llava_model.py
+        from models.llava_model import build_llava_chunks
+
+        chunks: list[torch.nn.Module] = build_llava_chunks(cfg, derived, config, device)
+    else:
+        chunks = build_chunks(cfg, derived, config, device)
     for chunk in chunks:
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)

@@ -107,8 +107,12 @@ class Trainer:
         self.logger = create_step_logger(cfg, run_dir, dist.get_rank())
         self.flops_per_token = _flops_per_token(cfg)
 
-    def _batches(self, consumed_samples: int) -> TrainBatches:
+    def _batches(self, consumed_samples: int) -> Any:
         dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        if self.cfg.data.kind == "energon":  # images + text through Energon's savable loader
+            from data.energon import EnergonBatches
+
+            return EnergonBatches(self.cfg, self.derived, dp_rank, self.device, consumed_samples)
         return TrainBatches(
             self.cfg, self.derived, self.dataset, dp_rank, self.device, consumed_samples
         )
@@ -123,6 +127,7 @@ class Trainer:
             "optimizer": self.optimizer,
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
+            "data": self.batches.state_dict(),  # this rank's loader position (Energon: its state)
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -132,6 +137,8 @@ class Trainer:
         if "rng" in state:
             set_rng_state(state["rng"])
         self.batches = self._batches(consumed_samples=int(state["consumed_samples"]))
+        if "data" in state and hasattr(self.batches, "load_state_dict"):
+            self.batches.load_state_dict(state["data"])
 
     # --- the loop -----------------------------------------------------------------------------
     def train(self, hooks: Sequence[Hook] = ()) -> None:

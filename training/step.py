@@ -50,6 +50,10 @@ def forward_step(
 ) -> tuple[torch.Tensor, Callable]:
     """Megatron's forward_step_func: one microbatch through one model chunk."""
     batch = next(data_iterator)
+    if "images" in batch:  # a vision-language batch (data/energon.py) for LLaVAModel
+        from models.llava_model import llava_forward_step
+
+        return llava_forward_step(batch, model, loss_func)
     # With labels, GPTModel returns the per-token cross-entropy [b, s] (vocab-parallel over TP).
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
