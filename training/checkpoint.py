@@ -1,37 +1,28 @@
-"""Checkpoints and exact resume with Megatron-Core's dist_checkpointing, as a Trainer hook.
+"""Checkpoints and exact resume with Megatron-Core's dist_checkpointing: a Trainer hook.
 
 `CheckpointHook(cfg, run_dir, device)` saves every `checkpoint.save_interval` steps and when training
-ends (max_steps, train.exit_duration_minutes, or an exit signal); `resume(trainer)` continues from
-the newest complete checkpoint in `checkpoint.save_dir` (default `<run_dir>/checkpoints`), else in
-`checkpoint.load_dir`. That makes Slurm job chains and requeues work: every job of a chain runs the
-same command and carries on where the previous one stopped.
+ends (train.max_steps, train.exit_duration_minutes, or an exit signal); `resume(trainer)` continues
+from the newest complete checkpoint in `checkpoint.save_dir` (default `<run_dir>/checkpoints`), else
+in `checkpoint.load_dir`, and prints `resumed from <path> at step N`. That is what makes Slurm job
+chains and requeues work: every job of a chain runs the same command and carries on where the last
+complete checkpoint left off. A resume is exact: the same losses as an uninterrupted run, bitwise on
+the CPU (tests/smoke/test_checkpoint.py), because model, optimizer, LR schedule, every RNG and the
+data position all come back (training/checkpoint_state.py says what is stored where).
 
-What a checkpoint holds, and what resumes exactly (bitwise on the CPU, see tests/smoke):
-- model chunks (`sharded_state_dict` of each, `model` / `model0`, `model1` ... with virtual stages)
-  and the optimizer (`optimizer.sharded_state_dict`, the distributed optimizer in
-  `checkpoint.dist_optimizer_sharding` format; `dp_reshardable` also loads on the CPU but reshards
-  over DP only, so TP and PP must stay the same across a resume);
-- `train_state.json`: step, consumed samples (the data position), the LR schedule's state, the
-  config's name and hash, the parallel layout, the sharding type;
-- `rng/rank_XXXXX.pt`: every RNG of each rank (python, numpy, torch, CUDA, Megatron's tracker),
-  restored when the world size is unchanged.
-The atomic publication (write to `iter_XXXXXXX.tmp`, rename, then `latest`) is in
-training/checkpoint_dirs.py. On GPUs with `checkpoint.async_save` the shards are written by a
-background process (Megatron's AsyncCallsQueue; NVRx's when nvidia-resiliency-ext supports it);
-the folder is published when the write has finished on every rank, checked at each step, and at
-the latest before the next save and at the end. The CPU saves synchronously.
+Atomic saves (training/checkpoint_dirs.py): every rank writes into `iter_XXXXXXX.tmp`; once all
+shards are on disk, rank 0 writes train_state.json, renames the folder to `iter_XXXXXXX` and then
+points `latest` at it (write-to-temp + os.replace). A crash or SIGKILL mid-save leaves the previous
+checkpoint as the newest complete one; half-written folders are never loaded and are removed at the
+next start. Only the newest `checkpoint.keep_last` complete checkpoints are kept (0 keeps all).
 
-Leaving before the wall-time limit: SIGUSR1 and SIGTERM set a flag; at the next step boundary the
-ranks agree (all-reduce MAX: one signalled rank is enough), save and leave the loop, and the job
-exits 0. A second signal ends the process at once. With Slurm, ask for the signal ahead of the limit:
+On GPUs with `checkpoint.async_save`, a background process writes the shards (Megatron's
+AsyncCallsQueue; NVRx's writer where nvidia-resiliency-ext supports it) and the folder is published
+when every rank has finished: checked at each step, and awaited before the next save and at the end.
+The CPU saves synchronously.
 
-    #SBATCH --signal=B:USR1@300   # USR1 to the batch shell 300 s before the time limit
-
-then forward it from the batch script to the training processes (`trap 'kill -USR1 $PIDS' USR1`);
-or use `--signal=USR1@300` (no `B:`) so that Slurm signals the job step's tasks. torchrun starts
-its workers in their own sessions and forwards USR1 only when told to
-(`torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`); its `--shutdown-timeout`
-must then cover the save. Slurm's own SIGTERM at the limit works too when KillWait covers the save.
+Leaving before the wall-time limit (training/exit_signals.py): SIGUSR1 or SIGTERM on any rank makes
+all ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=B:USR1@<seconds>`
+(seconds enough for a step and a save), forwarded to the training processes; details there.
 
 Test-only: RECIPES_TEST_SLOW_SAVE=<seconds> makes rank 0 sleep after a checkpoint is fully written
 and before its rename, so that tests can kill a job inside that window. Never set it otherwise.
@@ -39,69 +30,24 @@ and before its rename, so that tests can kill a job inside that window. Never se
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
-from megatron.core.utils import unwrap_model
 
 from training import checkpoint_dirs as dirs
+from training import checkpoint_state as ckpt_state
 from training.config import TrainingConfig
-from training.tree import to_dict
+from training.exit_signals import ExitSignals
 
-FORMAT_VERSION = 1
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
 
 
-def config_hash(cfg: TrainingConfig) -> str:
-    text = json.dumps(to_dict(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _layout(cfg: TrainingConfig) -> dict[str, Any]:
-    """What must match for a checkpoint to load into this run's shards."""
-    par = cfg.parallel
-    return {
-        "tensor_model_parallel_size": par.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
-        "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
-        "expert_model_parallel_size": par.expert_model_parallel_size,
-        "use_distributed_optimizer": cfg.optimizer.use_distributed_optimizer,
-    }
-
-
-class ExitSignals:
-    """SIGUSR1/SIGTERM handlers that only set a flag; a second signal ends the process at once."""
-
-    def __init__(self, signums: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():  # signal.signal's own rule
-            for signum in signums:
-                self._previous[signum] = signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.received = signum
-
-    def restore(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-
 class CheckpointHook:
-    """Saves at the interval and at the end, publishes atomically, resumes exactly (Trainer hook)."""
+    """Saves at the interval and at the end, publishes atomically, resumes exactly."""
 
     def __init__(self, cfg: TrainingConfig, run_dir: Path, device: str) -> None:
         ckpt = cfg.checkpoint
@@ -115,9 +61,9 @@ class CheckpointHook:
         self._async_queue = None
         self._async_strategy = "mcore"
         if ckpt.async_save and device == "cuda":
-            self._async_strategy = _async_strategy()
             from megatron.core.dist_checkpointing.strategies.torch import get_async_strategy
 
+            self._async_strategy = _async_strategy()
             self._async_queue = get_async_strategy(self._async_strategy)[1]["AsyncCallsQueue"]()
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -127,8 +73,8 @@ class CheckpointHook:
         dist.barrier()
 
     # --- resume -------------------------------------------------------------------------------
-    def resume(self, trainer: Any) -> Path | None:
-        """Load the newest complete checkpoint into `trainer`, if any; returns its folder."""
+    def find_resume_point(self) -> Path | None:
+        """The newest complete checkpoint of save_dir (this run's own), else of load_dir."""
         path = dirs.latest_checkpoint(self.save_dir)
         if path is None and self.load_dir is not None:
             path = dirs.latest_checkpoint(self.load_dir)
@@ -137,63 +83,38 @@ class CheckpointHook:
                     f"checkpoint.load_dir={str(self.load_dir)!r} holds no complete checkpoint "
                     f"(an iter_XXXXXXX folder with {dirs.STATE_FILE}); fix the path or unset it"
                 )
+        return path
+
+    def resume(self, trainer: Any) -> Path | None:
+        """Load the newest complete checkpoint into `trainer`, if there is one; returns its folder."""
+        path = self.find_resume_point()
         if path is None:
             return None
-        state = dirs.read_state(path)
-        self._check_layout(path, state)
-        sharding = state["dist_optimizer_sharding"]
-        _allocate_optimizer_state(trainer.optimizer)
-        loaded = dist_checkpointing.load(
-            self._sharded_state_dict(trainer, sharding, True), str(path)
-        )
-        for key, chunk in self._chunks(trainer).items():
-            chunk.load_state_dict(loaded[key])
-        trainer.optimizer.load_state_dict(loaded["optimizer"])
-        _restore_adam_steps(trainer.optimizer)
-        restored = {k: state[k] for k in ("step", "consumed_samples", "scheduler")}
-        rng_file = path / "rng" / f"rank_{self.rank:05d}.pt"
-        if state["world_size"] == dist.get_world_size() and rng_file.is_file():
-            restored["rng"] = torch.load(rng_file, weights_only=False)
+        saved = dirs.read_state(path)
+        ckpt_state.check_compatible(self.cfg, path, saved)
+        ckpt_state.load_model_and_optimizer(trainer, path, saved["dist_optimizer_sharding"])
+        restored = {k: saved[k] for k in ("step", "consumed_samples", "scheduler")}
+        same_world = saved["world_size"] == dist.get_world_size()
+        if same_world and ckpt_state.rng_file(path, self.rank).is_file():
+            restored["rng"] = ckpt_state.load_rng(path, self.rank)
         elif self.rank == 0:
-            print(
-                f"checkpoint: world size changed ({state['world_size']} -> "
-                f"{dist.get_world_size()}): RNG streams start afresh",
-                flush=True,
-            )
+            print("checkpoint: world size changed: RNG streams start afresh", flush=True)
         trainer.restore(restored)
         self.last_saved_step = trainer.step
         if self.rank == 0:
-            if state["config_hash"] != config_hash(self.cfg):
-                print(
-                    f"checkpoint: the config differs from the one that saved {path.name}",
-                    flush=True,
-                )
+            if saved["config_hash"] != ckpt_state.config_hash(self.cfg):
+                print(f"checkpoint: the config differs from the one that saved {path}", flush=True)
             print(f"resumed from {path} at step {trainer.step}", flush=True)
         return path
-
-    def _check_layout(self, path: Path, state: dict[str, Any]) -> None:
-        if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{path}: checkpoint format {state.get('format_version')}, expected {FORMAT_VERSION}"
-            )
-        saved, now = state["layout"], _layout(self.cfg)
-        changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
-        if changed and state["dist_optimizer_sharding"] == "dp_reshardable":
-            detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
-            raise ValueError(
-                f"{path} was saved with another parallel layout ({detail}); its "
-                "'dp_reshardable' optimizer state reshards over data parallelism only. Resume with "
-                "the saved layout, or save with checkpoint.dist_optimizer_sharding=fully_reshardable"
-            )
 
     # --- the hook -----------------------------------------------------------------------------
     def after_step(self, trainer: Any) -> None:
         if self._async_queue is not None:
-            self._finalize(blocking=False)
-        if self._exit_requested(trainer):
+            self._async_queue.maybe_finalize_async_calls(blocking=False)
+        if self._signals.agreed(trainer.torch_device):
             trainer.stop_requested = True  # the loop ends at this boundary; at_end saves
             if self.rank == 0:
-                print(f"exit signal: saving at step {trainer.step} and exiting", flush=True)
+                print(f"exit signal: saving at step {trainer.step}, then exiting", flush=True)
         elif trainer.step % max(1, self.cfg.checkpoint.save_interval) == 0:
             self.save(trainer)
 
@@ -208,59 +129,31 @@ class CheckpointHook:
             self._async_queue = None
         self._signals.restore()
 
-    def _exit_requested(self, trainer: Any) -> bool:
-        flag = torch.tensor(
-            [0 if self._signals.received is None else 1], device=trainer.torch_device
-        )
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-    def _finalize(self, blocking: bool) -> None:
-        self._async_queue.maybe_finalize_async_calls(blocking=blocking)
-
     # --- save ---------------------------------------------------------------------------------
     def save(self, trainer: Any) -> None:
         """Write this step's checkpoint (all ranks call this at the same step boundary)."""
         step = trainer.step
         if step == self.last_saved_step:
-            return  # e.g. at_end right after an interval save or a resume
+            return  # e.g. at_end right after an interval save, or right after a resume
         if self._async_queue is not None:
-            self._finalize(blocking=True)  # one save in flight at a time
+            self._async_queue.maybe_finalize_async_calls(blocking=True)  # one save in flight
         tmp = self.save_dir / (dirs.iter_name(step) + dirs.TMP_SUFFIX)
         if self.rank == 0:
             dirs.clean_stale(self.save_dir)
             tmp.mkdir(parents=True)
         dist.barrier()
         state = trainer.state_for_checkpoint()
-        for chunk in state["model"]:
-            # The distributed optimizer gathers updated weights lazily, in the next forward:
-            # make every rank's copy current before it is written.
-            if getattr(chunk, "use_forward_hook", False):
-                chunk.disable_forward_pre_hook(param_sync=True)
-                chunk.enable_forward_pre_hook()
-        sharding = self.cfg.checkpoint.dist_optimizer_sharding
-        info = {
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "consumed_samples": state["consumed_samples"],
-            "scheduler": state["scheduler"],
-            "config_name": self.cfg.name,
-            "config_hash": config_hash(self.cfg),
-            "layout": _layout(self.cfg),
-            "world_size": dist.get_world_size(),
-            "dist_optimizer_sharding": sharding,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        info = ckpt_state.train_state(self.cfg, state)
+        ckpt_state.sync_params_for_save(trainer)
         request = dist_checkpointing.save(
-            self._sharded_state_dict(trainer, sharding, False),
+            ckpt_state.sharded_state_dict(trainer, info["dist_optimizer_sharding"], False),
             str(tmp),
             sharded_strategy=self._save_strategy(),
             async_sharded_save=self._async_queue is not None,
             async_strategy=self._async_strategy,
         )
-        # After save(): Megatron warns when the folder it is given is not empty.
-        (tmp / "rng").mkdir(exist_ok=True)
-        torch.save(state["rng"], tmp / "rng" / f"rank_{self.rank:05d}.pt")
+        # After save(): Megatron warns about a folder that is not empty when it starts.
+        ckpt_state.save_rng(tmp, self.rank, state["rng"])
         if request is None:
             self._publish(tmp, info)
         else:
@@ -274,14 +167,12 @@ class CheckpointHook:
         if self.rank == 0:
             dirs.write_state(tmp, info)
             if os.environ.get(SLOW_SAVE_ENV):
-                print(f"checkpoint: {SLOW_SAVE_ENV} sleep before publishing {tmp.name}", flush=True)
+                print(f"checkpoint: {SLOW_SAVE_ENV}: sleeping before publishing {tmp}", flush=True)
                 time.sleep(float(os.environ[SLOW_SAVE_ENV]))
             final = dirs.publish(tmp)
-            for old in dirs.prune(self.save_dir, self.cfg.checkpoint.keep_last):
-                print(
-                    f"checkpoint: removed {old.name} (checkpoint.keep_last={self.cfg.checkpoint.keep_last})",
-                    flush=True,
-                )
+            keep = self.cfg.checkpoint.keep_last
+            for old in dirs.prune(self.save_dir, keep):
+                print(f"checkpoint: removed {old.name} (checkpoint.keep_last={keep})", flush=True)
             print(f"checkpoint: saved {final} (step {info['step']})", flush=True)
         dist.barrier()
 
@@ -292,66 +183,10 @@ class CheckpointHook:
         )
         from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-        # Two writer threads per rank on GPUs (Megatron-LM's default); the CPU ranks own every core.
+        # Two writer threads per rank on GPUs (Megatron-LM's default); CPU ranks own every core.
         base = TorchDistSaveShardedStrategy(thread_count=2 if self.device == "cuda" else 1)
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         return FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
-
-    # --- state dicts --------------------------------------------------------------------------
-    @staticmethod
-    def _chunks(trainer: Any) -> dict[str, torch.nn.Module]:
-        """The bare GPT modules by checkpoint key, as Megatron-LM names them."""
-        chunks = unwrap_model(list(trainer.model))
-        if len(chunks) == 1:
-            return {"model": chunks[0]}
-        return {f"model{i}": chunk for i, chunk in enumerate(chunks)}
-
-    def _sharded_state_dict(self, trainer: Any, sharding: str, is_loading: bool) -> dict[str, Any]:
-        metadata = {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
-        state = {
-            key: c.sharded_state_dict(metadata=metadata) for key, c in self._chunks(trainer).items()
-        }
-        state["optimizer"] = trainer.optimizer.sharded_state_dict(
-            state, is_loading=is_loading, metadata=metadata
-        )
-        return state
-
-
-def _allocate_optimizer_state(optimizer: Any) -> None:
-    """Give a fresh distributed optimizer its Adam state before a load.
-
-    Megatron builds the loading state dict from the optimizer's own, which with torch's Adam (no
-    TE or Apex: the CPU) must already hold a per-parameter 'step'. One zero-gradient step allocates
-    it, as Megatron-FSDP's loader does; the load then overwrites every value that step touched.
-    """
-    from megatron.core.optimizer import distrib_optimizer
-
-    if distrib_optimizer.HAVE_APEX_OR_TE:
-        return
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if isinstance(opt, distrib_optimizer.DistributedOptimizer) and not opt.optimizer.state:
-            opt._init_optimizer_states_with_dummy_values()
-
-
-def _restore_adam_steps(optimizer: Any) -> None:
-    """Each parameter's Adam 'step' from the loaded param groups, as its own tensor.
-
-    Without TE or Apex (the CPU; GPUs without TE) torch's Adam keeps a 'step' tensor per
-    parameter. Megatron (0.19) saves it in the param groups, but its `dp_reshardable` load then
-    copies the pre-load (dummy) step back over it, and hands every parameter the same tensor, which
-    torch increments in place once per parameter. Either breaks the bias correction of a resumed run.
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(opt, "optimizer", None)
-        for group in getattr(inner, "param_groups", []):
-            if "step" not in group:
-                continue
-            for param in group["params"]:
-                old = inner.state.get(param, {}).get("step")
-                if isinstance(old, torch.Tensor):
-                    inner.state[param]["step"] = torch.tensor(
-                        float(group["step"]), dtype=old.dtype, device=old.device
-                    )
 
 
 def _async_strategy() -> str:
@@ -360,5 +195,5 @@ def _async_strategy() -> str:
         from megatron.core.dist_checkpointing.strategies.nvrx import has_nvrx_async_support
 
         return "nvrx" if has_nvrx_async_support() else "mcore"
-    except (ImportError, AssertionError):  # too old an NVRx asserts its minimum version
+    except (ImportError, AssertionError):  # an NVRx older than Megatron's minimum asserts
         return "mcore"

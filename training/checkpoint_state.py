@@ -1,0 +1,177 @@
+"""What a checkpoint holds, and how it maps onto Megatron-Core's dist_checkpointing.
+
+- Model chunks: each bare GPT module's `sharded_state_dict`, keyed as Megatron-LM keys them
+  (`model`, or `model0`, `model1` ... with virtual pipeline stages), so that its tools can read ours.
+- Optimizer: `optimizer.sharded_state_dict(model_state, metadata=...)`; the distributed optimizer
+  in `checkpoint.dist_optimizer_sharding` format (`dp_reshardable`, the one that loads on the CPU,
+  reshards over data parallelism only: TP, PP and EP must stay the same across a resume).
+- `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
+  schedule's state, the config's name and hash, the parallel layout, the sharding type.
+- `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker).
+
+Megatron-Core 0.19 with torch's Adam (no Transformer Engine or Apex: the CPU, and GPUs without TE)
+needs two corrections on load, see `_allocate_optimizer_state` and `_restore_adam_steps`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.utils import unwrap_model
+
+from training.config import TrainingConfig
+from training.tree import to_dict
+
+FORMAT_VERSION = 1
+
+
+def config_hash(cfg: TrainingConfig) -> str:
+    text = json.dumps(to_dict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def layout(cfg: TrainingConfig) -> dict[str, Any]:
+    """What must not change for a dp_reshardable checkpoint to load into this run's shards."""
+    par = cfg.parallel
+    return {
+        "tensor_model_parallel_size": par.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
+        "expert_model_parallel_size": par.expert_model_parallel_size,
+        "use_distributed_optimizer": cfg.optimizer.use_distributed_optimizer,
+    }
+
+
+def train_state(cfg: TrainingConfig, state: dict[str, Any]) -> dict[str, Any]:
+    """The JSON part of a checkpoint, from `Trainer.state_for_checkpoint()`."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "step": state["step"],
+        "consumed_samples": state["consumed_samples"],
+        "scheduler": state["scheduler"],
+        "config_name": cfg.name,
+        "config_hash": config_hash(cfg),
+        "layout": layout(cfg),
+        "world_size": dist.get_world_size(),
+        "dist_optimizer_sharding": cfg.checkpoint.dist_optimizer_sharding,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -> None:
+    """Refuse, with the fix, a checkpoint that cannot load into this run's layout."""
+    if saved.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{folder}: checkpoint format {saved.get('format_version')}, expected {FORMAT_VERSION}"
+        )
+    now = layout(cfg)
+    changed = {
+        k: (saved["layout"].get(k), v) for k, v in now.items() if saved["layout"].get(k) != v
+    }
+    if changed and saved["dist_optimizer_sharding"] == "dp_reshardable":
+        detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+        raise ValueError(
+            f"{folder} was saved with another parallel layout ({detail}); its 'dp_reshardable' "
+            "optimizer state reshards over data parallelism only. Resume with the saved layout, "
+            "or save with checkpoint.dist_optimizer_sharding=fully_reshardable"
+        )
+
+
+def model_chunks(trainer: Any) -> dict[str, torch.nn.Module]:
+    """The bare GPT modules (no DDP / Float16Module wrappers) by checkpoint key."""
+    chunks = unwrap_model(list(trainer.model))
+    if len(chunks) == 1:
+        return {"model": chunks[0]}
+    return {f"model{i}": chunk for i, chunk in enumerate(chunks)}
+
+
+def sharded_state_dict(trainer: Any, sharding: str, is_loading: bool) -> dict[str, Any]:
+    metadata = {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
+    state = {
+        key: c.sharded_state_dict(metadata=metadata) for key, c in model_chunks(trainer).items()
+    }
+    state["optimizer"] = trainer.optimizer.sharded_state_dict(
+        state, is_loading=is_loading, metadata=metadata
+    )
+    return state
+
+
+def sync_params_for_save(trainer: Any) -> None:
+    """Make every rank's copy of the weights current before they are written.
+
+    With overlap_param_gather the distributed optimizer's updated shards are all-gathered lazily,
+    in the next forward; without this, a rank would write weights one update old.
+    """
+    for chunk in trainer.model:
+        if getattr(chunk, "use_forward_hook", False):
+            chunk.disable_forward_pre_hook(param_sync=True)
+            chunk.enable_forward_pre_hook()
+
+
+def load_model_and_optimizer(trainer: Any, folder: Path, sharding: str) -> None:
+    """Model weights and optimizer state from `folder`, in place (every rank calls this)."""
+    _allocate_optimizer_state(trainer.optimizer)
+    loaded = dist_checkpointing.load(sharded_state_dict(trainer, sharding, True), str(folder))
+    for key, chunk in model_chunks(trainer).items():
+        chunk.load_state_dict(loaded[key])
+    trainer.optimizer.load_state_dict(loaded["optimizer"])
+    _restore_adam_steps(trainer.optimizer)
+
+
+def rng_file(folder: Path, rank: int) -> Path:
+    return folder / "rng" / f"rank_{rank:05d}.pt"
+
+
+def save_rng(folder: Path, rank: int, rng: dict[str, Any]) -> None:
+    path = rng_file(folder, rank)
+    path.parent.mkdir(exist_ok=True)
+    torch.save(rng, path)
+
+
+def load_rng(folder: Path, rank: int) -> dict[str, Any]:
+    # Our own file, holding python and numpy RNG tuples besides tensors: not weights-only.
+    return torch.load(rng_file(folder, rank), weights_only=False)
+
+
+def _allocate_optimizer_state(optimizer: Any) -> None:
+    """Give a fresh distributed optimizer its Adam state before a load.
+
+    Megatron builds the loading state dict from the optimizer's own, which with torch's Adam must
+    already hold a per-parameter 'step'. One zero-gradient step allocates it (Megatron-FSDP's
+    loader does the same); the load then overwrites every value that step touched.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(opt, distrib_optimizer.DistributedOptimizer) and not opt.optimizer.state:
+            opt._init_optimizer_states_with_dummy_values()
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """Each parameter's Adam 'step' from the loaded param groups, as its own tensor.
+
+    Megatron saves torch Adam's step in the param groups, but its `dp_reshardable` load then copies
+    the pre-load (dummy) step back over it, and hands every parameter the same tensor, which torch
+    increments in place once per parameter. Either breaks the bias correction of a resumed run
+    (measured: the loss differs from the second step after a resume).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        for group in getattr(inner, "param_groups", []):
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                old = inner.state.get(param, {}).get("step")
+                if isinstance(old, torch.Tensor):
+                    inner.state[param]["step"] = torch.tensor(
+                        float(group["step"]), dtype=old.dtype, device=old.device
+                    )

@@ -1,0 +1,63 @@
+"""Leaving cleanly before the wall-time limit: SIGUSR1 / SIGTERM -> checkpoint at the next step -> exit 0.
+
+The handlers only set a flag (nothing else is safe inside a signal handler). At every step boundary
+the checkpoint hook (training/checkpoint.py) asks `ExitSignals.agreed()`: an all-reduce (MAX) of the
+flag over all ranks, so one signalled rank is enough and every rank leaves at the same step. The job
+then saves a checkpoint at that step and exits 0; the next job of the chain resumes from it. A
+second signal ends the process at once (a job that must die is not held up by a slow save).
+
+With Slurm, ask for the signal ahead of the time limit, long enough to finish a step and a save:
+
+    #SBATCH --signal=B:USR1@300    # USR1 to the batch shell 300 s before the limit
+
+and forward it from the batch script to the training processes, e.g.
+`trap 'kill -USR1 -- $WORKER_PIDS' USR1` (one rank per job is enough, thanks to the all-reduce).
+Alternatively `--signal=USR1@300` (without `B:`) lets Slurm signal the job step's tasks itself.
+torchrun starts its workers in their own sessions (a signal to its process group does not reach
+them) and forwards USR1 only when asked to:
+`torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`; it then waits
+`--shutdown-timeout` seconds for the workers, which must cover the save. Slurm's own SIGTERM at
+the limit is handled the same way, but only KillWait (30 s by default) separates it from SIGKILL.
+train.exit_duration_minutes ends the loop the same way, without a signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+EXIT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class ExitSignals:
+    """Handlers for SIGUSR1 and SIGTERM that set a flag; `restore()` gives the old ones back."""
+
+    def __init__(self, signums: tuple[int, ...] = EXIT_SIGNALS) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        # Python delivers signals to the main thread only, and refuses handlers from others.
+        if threading.current_thread() is threading.main_thread():
+            for signum in signums:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # the second one: die as if no handler were installed
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.received = signum
+
+    def agreed(self, device: torch.device) -> bool:
+        """True on every rank when any rank got a signal (a collective: all ranks must call it)."""
+        flag = torch.tensor([0 if self.received is None else 1], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
