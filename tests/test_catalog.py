@@ -47,7 +47,7 @@ SUFFIXES = {
     "nvfp4": "bf16_with_nvfp4_mixed",
 }
 NAME = re.compile(
-    r"^(?P<base>[a-z0-9]+(?:_[a-z0-9]+)*?_pretrain)"
+    r"^(?P<base>[a-z0-9]+(?:_[a-z0-9]+)*?_(?:pretrain|sft))"
     rf"(?:_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<precision>{'|'.join(SUFFIXES)}))?$"
 )
 
@@ -94,7 +94,9 @@ def test_recipe_builds_and_validates_on_its_cluster(name: str) -> None:
 @pytest.mark.parametrize("name", _ids(RECIPES))
 def test_name_carries_scale_hardware_and_precision(name: str) -> None:
     match = NAME.match(name)
-    assert match, f"{name} is not <model>_pretrain or <model>_pretrain_<N>gpu_<gpu>_<precision>"
+    assert match, (
+        f"{name} is not <model>_<pretrain|sft> or <model>_pretrain_<N>gpu_<gpu>_<precision>"
+    )
     recipe, cfg = RECIPES[name], RECIPES[name].config()
     if match["gpus"] is None:
         assert cfg.precision == "bf16_mixed", (
