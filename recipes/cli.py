@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from data.cli import add_data_parser, cmd_data
 from recipes.check import EXIT_INVALID, check, render
 from recipes.registry import Recipe, all_recipes, get
 from training.config import TrainingConfig
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
+    add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm` (data/cli.py)
     return parser
 
 
@@ -151,6 +153,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
+    commands["data"] = cmd_data
     try:
         return commands[args.command](args)
     except ConfigError as err:

@@ -1,0 +1,74 @@
+"""`recipes data ...`: prepare Energon datasets for data.kind=energon.
+
+    recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
+    recipes data make-synthetic-vlm [OUT] [--samples N] [--image-size S] [--seed K]
+
+Only argparse at import time: `recipes list/show/check` build this parser too and must stay free
+of torch; the work (PIL, Energon, torch) is imported when a data command runs.
+
+Exit codes: 0 prepared (bad samples skipped are listed), 2 stopped or unusable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_SYNTHETIC = "runs/synthetic_vlm"  # tiny_llava_pretrain's data.path
+
+
+def add_data_parser(sub: argparse._SubParsersAction) -> None:
+    """The `data` subcommand and its own subcommands, on the `recipes` parser."""
+    data = sub.add_parser("data", help="prepare Energon datasets (images + captions)")
+    commands = data.add_subparsers(dest="data_command", required=True)
+
+    p = commands.add_parser(
+        "prepare",
+        help="images + same-name .txt captions (or a JSONL) -> WebDataset shards -> energon prepare",
+    )
+    p.add_argument("src", help="a folder of images with .txt captions, or a .jsonl of image/text")
+    p.add_argument("out", help="the dataset folder to write (data.path)")
+    p.add_argument(
+        "--on-error",
+        choices=["skip", "stop"],
+        default="skip",
+        help="a corrupt image or a missing caption: report and skip it, or stop (default: skip)",
+    )
+    p.add_argument("--shard-size", type=int, default=1000, help="samples per .tar shard")
+    p.add_argument("--split", default="1,0,0", help="train,val,test ratio for energon prepare")
+
+    p = commands.add_parser(
+        "make-synthetic-vlm", help="a small generated captioning set (shapes), prepared"
+    )
+    p.add_argument("out", nargs="?", default=DEFAULT_SYNTHETIC, help=f"default {DEFAULT_SYNTHETIC}")
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from data.vlm_prepare import PrepareError
+
+    try:
+        if args.data_command == "prepare":
+            from data.vlm_prepare import prepare_captions
+
+            report = prepare_captions(
+                args.src,
+                args.out,
+                on_error=args.on_error,
+                shard_size=args.shard_size,
+                split=args.split,
+            )
+        else:
+            from data.synthetic_vlm import make_synthetic_vlm
+
+            report = make_synthetic_vlm(
+                args.out, samples=args.samples, image_size=args.image_size, seed=args.seed
+            )
+    except (PrepareError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    print(f"use data.kind=energon data.path={report.output}")
+    return 0
