@@ -22,15 +22,6 @@ from training.config import TrainingConfig
 from training.finalize import Derived
 
 
-class _MockTokenizer:
-    """What Megatron's MockGPTDataset reads from a tokenizer: the vocabulary size and EOD id."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        self.eod = vocab_size - 1
-        self.unique_identifiers = {"class": "mock", "vocab_size": vocab_size}
-
-
 def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
     """The training split for cfg.data.kind, holding at least `num_samples` samples.
 
@@ -38,10 +29,10 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
     rank 0 writes the index caches.
     """
     kind = cfg.data.kind
-    if kind == "mock":
-        return _mock_dataset(cfg, num_samples)
-    if kind == "indexed":
-        from data.pretrain import build_pretrain_datasets  # the data package, see data/pretrain.py
+    if kind in ("mock", "indexed"):
+        # Megatron's MockGPTDataset / GPTDataset through its BlendedMegatronDatasetBuilder, with the
+        # run's tokenizer (a null one for mock data): see data/pretrain.py.
+        from data.pretrain import build_pretrain_datasets
         from data.tokenizer import build_tokenizer
 
         train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
@@ -51,29 +42,6 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
     raise NotImplementedError(
         f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'"
     )
-
-
-def _mock_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
-    """Megatron's MockGPTDataset: documents of counting tokens (1, 2, 3, ... mod vocab) + EOD."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
-
-    config = GPTDatasetConfig(
-        random_seed=cfg.data.seed,
-        sequence_length=cfg.model.seq_length,
-        tokenizer=_MockTokenizer(cfg.model.vocab_size),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        # The causal mask is built inside attention; a stored [s, s] mask per sample would waste memory.
-        create_attention_mask=False,
-    )
-    train, _, _ = BlendedMegatronDatasetBuilder(
-        MockGPTDataset, [num_samples, 0, 0], lambda: True, config
-    ).build()
-    return train
 
 
 class DataParallelSampler:
