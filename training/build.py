@@ -35,15 +35,18 @@ def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.d
     return _PRESET_DTYPES[derived.preset.params_dtype]
 
 
-def ddp_config(cfg: TrainingConfig) -> DistributedDataParallelConfig:
+def ddp_config(cfg: TrainingConfig, derived: Derived) -> DistributedDataParallelConfig:
     par, opt = cfg.parallel, cfg.optimizer
+    fp16 = derived.preset.params_dtype == "fp16"
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=par.grad_reduce_in_fp32,
         overlap_grad_reduce=par.overlap_grad_reduce,
         # The parameter all-gather exists only when the distributed optimizer shards the weights.
         overlap_param_gather=par.overlap_param_gather and opt.use_distributed_optimizer,
         use_distributed_optimizer=opt.use_distributed_optimizer,
-        check_for_nan_in_grad=True,
+        # Stop at the first NaN gradient, except in FP16: there the loss scale starts high on
+        # purpose and the first steps overflow; the dynamic loss scaler skips them and backs off.
+        check_for_nan_in_grad=not fp16,
     )
 
 
@@ -80,7 +83,7 @@ def build_model(
     if config.bf16 or config.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
 
-    ddp = ddp_config(cfg)
+    ddp = ddp_config(cfg, derived)
     wrapped = []
     for index, chunk in enumerate(chunks):
         layout = None

@@ -14,8 +14,10 @@ on GPUs):
 2. The RNG tracker (tensor-model-parallel, expert and data-parallel streams) forks "the CUDA
    generator"; on the CPU the CPU generator plays that role (`_CpuRNGStatesTracker`).
 3. Type checks against the strings 'torch.cuda.FloatTensor' / 'torch.cuda.BFloat16Tensor'
-   (optimizer parameter grouping, gradient clipping): while those functions run, CPU tensors
-   report their type with the '.cuda' the checks expect (`_cuda_type_names`).
+   (optimizer parameter grouping, gradient clipping) and `tensor.cuda()` calls (tied embeddings,
+   the FP16 loss scale): while those few functions run, CPU tensors report their type with the
+   '.cuda' the checks expect, and `.cuda()` leaves them where they are (`_as_if_on_cuda`).
+   A new call site of this kind (a checkpoint path, say) is one more line in `enable()`.
 
 What still needs a GPU (see training/validation.py `_cpu`): sequence parallel, context parallel,
 the alltoall MoE dispatcher and FP8. Measured here: TP, PP (with virtual stages), DP with the
@@ -33,38 +35,36 @@ from typing import Any
 
 import torch
 
-# Megatron-Core modules whose functions call CUDA, with the call sites that made each one a member.
+# Megatron-Core modules whose training paths call CUDA, with the call sites that put each one here.
+# (Inference, CUDA-graph, alltoall/DeepEP and context-parallel call sites are left alone: the CPU
+# mode does not run those paths.)
 _MODULES: dict[str, str] = {
-    "megatron.core.tensor_parallel.random": "cuda RNG state get/set/seed of the RNG tracker",
-    "megatron.core.tensor_parallel.layers": "weight/buffer allocation on current_device()",
-    "megatron.core.tensor_parallel.mappings": "gather/scatter output buffers on current_device()",
-    "megatron.core.tensor_parallel.utils": "split/gather buffers on current_device()",
-    "megatron.core.tensor_parallel.cross_entropy": "vocab-parallel cross entropy buffers",
-    "megatron.core.pipeline_parallel.schedules": 'total_num_tokens = zeros(device="cuda")',
-    "megatron.core.pipeline_parallel.p2p_communication": "receive buffers, synchronize()",
-    "megatron.core.pipeline_parallel.utils": "stream helpers of the schedules",
-    "megatron.core.distributed.param_and_grad_buffer": "param/grad buffers on current_device()",
-    "megatron.core.distributed.distributed_data_parallel": "synchronize(), communication streams",
-    "megatron.core.distributed.finalize_model_grads": "embedding/norm grad all-reduce buffers",
-    "megatron.core.optimizer.optimizer": 'found_inf / scale tensors on "cuda"',
-    "megatron.core.optimizer.distrib_optimizer": "shard buffers on current_device()",
-    "megatron.core.optimizer.clip_grads": 'norm accumulators on "cuda"',
-    "megatron.core.optimizer.grad_scaler": 'loss scale tensors on "cuda" (fp16)',
-    "megatron.core.transformer.module": "Float16Module and embedding-group buffers",
-    "megatron.core.transformer.attention": "inference/rotary buffers on current_device()",
-    "megatron.core.transformer.transformer_layer": "layer buffers on current_device()",
-    "megatron.core.transformer.utils": 'attention masks on "cuda"',
+    "megatron.core.tensor_parallel.random": "the RNG tracker and activation recompute: "
+    "torch.cuda.get_rng_state / manual_seed",
+    "megatron.core.tensor_parallel.layers": "weights and all-gather buffers on current_device()",
+    "megatron.core.tensor_parallel.mappings": "gather / reduce-scatter outputs on current_device()",
+    "megatron.core.tensor_parallel.utils": "split / gather buffers on current_device()",
+    "megatron.core.pipeline_parallel.schedules": 'every schedule: zeros([], device="cuda") token count',
+    "megatron.core.pipeline_parallel.p2p_communication": "shape and receive buffers on "
+    "current_device(), synchronize() after batched P2P",
+    "megatron.core.pipeline_parallel.utils": "torch.cuda.Stream for the schedules' helpers",
+    "megatron.core.distributed.param_and_grad_buffer": "param / grad buffers on current_device()",
+    "megatron.core.distributed.distributed_data_parallel": "communication streams, synchronize()",
+    "megatron.core.optimizer.optimizer": 'found_inf, overflow and scale tensors on "cuda"',
+    "megatron.core.optimizer.distrib_optimizer": "parameter-shard buffers on current_device()",
+    "megatron.core.optimizer.clip_grads": 'grad-norm accumulators on "cuda"',
+    "megatron.core.optimizer.grad_scaler": 'FP16 loss-scale tensors on "cuda"',
+    "megatron.core.utils": "global memory buffer on current_device(); the fallback l2 norm of "
+    'gradient clipping (no apex / TE) returns its result on "cuda"',
+    "megatron.core.transformer.utils": 'causal masks on "cuda" (local DotProductAttention)',
     "megatron.core.transformer.multi_token_prediction": "MTP loss trackers on current_device()",
-    "megatron.core.transformer.moe.router": "router weights and aux-loss tensors",
-    "megatron.core.transformer.moe.moe_utils": "aux-loss tracker tensors",
-    "megatron.core.transformer.moe.moe_layer": "delayed-wgrad stream",
-    "megatron.core.transformer.moe.token_dispatcher": "over-budget flags on 'cuda'",
-    "megatron.core.models.gpt.gpt_model": "MTP/logit buffers on current_device()",
-    "megatron.core.models.common.embeddings.rotary_pos_embedding": "inv_freq on current_device()",
-    "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding": "yarn tables",
-    "megatron.core.models.common.language_module.language_module": "tied-embedding all-reduce",
-    "megatron.core.rerun_state_machine": "result-validation tensors",
-    "megatron.core.utils": "misc helpers (norms, hashes) on 'cuda'",
+    "megatron.core.transformer.moe.router": "aux-loss and token-count tensors on current_device()",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding": "inv_freq moved to "
+    "current_device() at the first forward",
+    "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding": "YaRN tables (MLA) moved "
+    "to current_device()",
+    "megatron.core.rerun_state_machine": 'result checks all-reduce flags on "cuda"; its state '
+    "(for checkpoints) holds torch.cuda.get_rng_state()",
     # Checkpoints (training/checkpoint.py): the synchronous torch_dist save.
     "megatron.core.dist_checkpointing.strategies.filesystem_async": "synchronize() before "
     "staging tensors for writing",
@@ -205,7 +205,18 @@ class _CpuRNGStatesTracker:
             self._current_state_name = outer_name
 
 
+def _get_rng_state(
+    device: Any = "cuda", clone: bool = False, graph_safe: bool = False
+) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    torch.set_rng_state(new_state)
+
+
 _real_type = torch.Tensor.type
+_real_cuda = torch.Tensor.cuda
 
 
 def _type_with_cuda_names(
@@ -216,23 +227,29 @@ def _type_with_cuda_names(
     return _real_type(self, dtype, non_blocking, **kwargs)
 
 
+def _cuda_stays_on_cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return self
+
+
 @contextlib.contextmanager
-def _cuda_type_names() -> Iterator[None]:
-    """CPU tensors answer `.type()` with 'torch.cuda.FloatTensor' etc. while the block runs."""
+def _tensors_as_if_on_cuda() -> Iterator[None]:
+    """While the block runs, CPU tensors answer `.type()` with 'torch.cuda.FloatTensor' etc. and
+    `.cuda()` with themselves. Scoped to single calls: nothing else sees it."""
     torch.Tensor.type = _type_with_cuda_names
+    torch.Tensor.cuda = _cuda_stays_on_cpu
     try:
         yield
     finally:
         torch.Tensor.type = _real_type
+        torch.Tensor.cuda = _real_cuda
 
 
-def _with_cuda_type_names(fn: Callable) -> Callable:
+def _as_if_on_cuda(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with _cuda_type_names():
+        with _tensors_as_if_on_cuda():
             return fn(*args, **kwargs)
 
-    wrapper.__cpu_mode__ = True
     return wrapper
 
 
@@ -248,34 +265,35 @@ def enable() -> None:
     global _enabled
     if _enabled:
         return
+    # 1. torch as the listed modules see it.
     proxy = _CpuTorch()
     for name in _MODULES:
         module = importlib.import_module(name)
         if getattr(module, "torch", None) is torch:
             module.torch = proxy
 
-    from megatron.core.optimizer import distrib_optimizer, optimizer
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.optimizer import distrib_optimizer, grad_scaler, optimizer
     from megatron.core.tensor_parallel import random
 
-    # 2. The RNG tracker: Megatron's class with CPU add/fork; plus the module-level helpers that
-    #    the tracker, activation recompute and checkpointing call.
+    # 2. The RNG tracker: Megatron's class with CPU add/fork, and the module-level get/set helpers
+    #    that the tracker, activation recompute (CheckpointFunction) and checkpointing call.
     random.CudaRNGStatesTracker = type(
         "CpuRNGStatesTracker", (_CpuRNGStatesTracker, random.CudaRNGStatesTracker), {}
     )
-    random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: (
-        torch.get_rng_state()
-    )
-    random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(
-        new_state
-    )
+    random._get_cuda_rng_state = _get_rng_state
+    random._set_cuda_rng_state = _set_rng_state
     random.initialize_rng_tracker(force_reset=True)
 
-    # 3. 'torch.cuda.*Tensor' type checks: parameter grouping of both optimizers and gradient
-    #    clipping (optimizer.py calls clip_grad_by_total_norm_fp32 through its own module name).
+    # 3. Calls that compare Tensor.type() with 'torch.cuda.*Tensor' or move tensors with .cuda().
     for owner, attr in (
-        (distrib_optimizer.DistributedOptimizer, "__init__"),
-        (optimizer.Float16OptimizerWithFloat16Params, "__init__"),
+        (distrib_optimizer.DistributedOptimizer, "__init__"),  # param grouping by type()
+        (optimizer.Float16OptimizerWithFloat16Params, "__init__"),  # param grouping by type()
+        # asserts grad.type() == 'torch.cuda.FloatTensor'; optimizer.py calls it through its own
+        # module attribute, so that is the one to wrap.
         (optimizer, "clip_grad_by_total_norm_fp32"),
+        (LanguageModule, "setup_embeddings_and_output_layer"),  # tied embeddings: weight.cuda()
+        (grad_scaler.DynamicGradScaler, "load_state_dict"),  # FP16 loss scale: .cuda(device)
     ):
-        setattr(owner, attr, _with_cuda_type_names(getattr(owner, attr)))
+        setattr(owner, attr, _as_if_on_cuda(getattr(owner, attr)))
     _enabled = True
