@@ -20,6 +20,7 @@ shard parts onto Energon's CaptioningSample (image: jpg or png, caption: txt).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
@@ -189,10 +190,12 @@ def run_energon_prepare(out: Path, split: str = "1,0,0") -> None:
         "--field-map",
         json.dumps(FIELD_MAP),
     ]
+    log = io.StringIO()  # Energon prints samples and a progress dialogue; shown only on failure
     try:
-        command.main(args, prog_name="energon prepare", standalone_mode=False)
+        with contextlib.redirect_stdout(log):
+            command.main(args, prog_name="energon prepare", standalone_mode=False)
     except Exception as err:  # click.ClickException and Energon's own errors
-        raise PrepareError(f"energon prepare {out} failed: {err}") from err
+        raise PrepareError(f"energon prepare {out} failed: {err}\n{log.getvalue()}") from err
 
 
 def prepare_captions(

@@ -40,6 +40,7 @@ from megatron.core.models.vision.vit_layer_specs import (
 )
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -204,6 +205,7 @@ def build_llava_chunks(
             img_w=v.image_size,
             patch_dim=v.patch_size,
         )
+    model.model_type = ModelType.encoder_or_decoder  # what the pipeline schedules ask for
     model.freeze(
         freeze_language_model=v.freeze_language,
         freeze_vision_model=v.freeze_vision,

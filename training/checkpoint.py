@@ -99,6 +99,10 @@ class CheckpointHook:
             restored["rng"] = ckpt_state.load_rng(path, self.rank)
         elif self.rank == 0:
             print("checkpoint: world size changed: RNG streams start afresh", flush=True)
+        # The batch source's own state (Energon's loader) is per DP rank: same layout only.
+        same_ranks = same_world and saved["layout"] == ckpt_state.layout(self.cfg)
+        if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
+            restored["data"] = ckpt_state.load_data(path, self.rank)
         trainer.restore(restored)
         self.last_saved_step = trainer.step
         if self.rank == 0:
@@ -154,6 +158,8 @@ class CheckpointHook:
         )
         # After save(): Megatron warns about a folder that is not empty when it starts.
         ckpt_state.save_rng(tmp, self.rank, state["rng"])
+        if "data" in state:
+            ckpt_state.save_data(tmp, self.rank, state["data"])
         if request is None:
             self._publish(tmp, info)
         else:

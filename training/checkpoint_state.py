@@ -8,6 +8,8 @@
 - `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
   schedule's state, the config's name and hash, the parallel layout, the sharding type.
 - `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker).
+- `data/rank_XXXXX.pt`: each rank's batch source (`Trainer.batches.state_dict()`): for Energon its
+  savable loader's state, which differs between data-parallel ranks and knows what was prefetched.
 
 Megatron-Core 0.19 with torch's Adam (no Transformer Engine or Apex: the CPU, and GPUs without TE)
 needs two corrections on load, see `_allocate_optimizer_state` and `_restore_adam_steps`.
@@ -138,6 +140,20 @@ def save_rng(folder: Path, rank: int, rng: dict[str, Any]) -> None:
 def load_rng(folder: Path, rank: int) -> dict[str, Any]:
     # Our own file, holding python and numpy RNG tuples besides tensors: not weights-only.
     return torch.load(rng_file(folder, rank), weights_only=False)
+
+
+def data_file(folder: Path, rank: int) -> Path:
+    return folder / "data" / f"rank_{rank:05d}.pt"
+
+
+def save_data(folder: Path, rank: int, data: dict[str, Any]) -> None:
+    path = data_file(folder, rank)
+    path.parent.mkdir(exist_ok=True)
+    torch.save(data, path)
+
+
+def load_data(folder: Path, rank: int) -> dict[str, Any]:
+    return torch.load(data_file(folder, rank), weights_only=True)  # ints and a uint8 tensor
 
 
 def _allocate_optimizer_state(optimizer: Any) -> None:
