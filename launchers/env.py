@@ -2,7 +2,7 @@
 
 - The recipe owns process knobs (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, TORCH_NCCL_*): they follow
   from the config (TP/CP overlap, DP overlap), so `recipe_env` derives them from it.
-- The launcher owns the knobs of torchrun itself (its log level, its shutdown grace period).
+- The launcher owns the knobs of torchrun itself (its log level).
 - The cluster profile owns fabric knobs ([fabric]: NCCL_IB_*, NCCL_SOCKET_IFNAME, UCX_*, FI_*) and
   other site variables ([env]: HF_HOME, TRITON_CACHE_DIR ...). Neither table may set a recipe's knob.
 - A variable already set in the user's environment wins over all of them: generated scripts write
@@ -91,25 +91,9 @@ def recipe_env(cfg: TrainingConfig) -> list[EnvVar]:
     return out
 
 
-def launcher_env(shutdown_grace_s: int | None) -> list[EnvVar]:
-    """torchrun's own knobs: quiet agent logs, and time for the ranks to save after SIGTERM."""
-    out = [
-        EnvVar(
-            "LOGLEVEL", "WARNING", "launcher", "torchrun agent logs (INFO repeats every setting)"
-        )
-    ]
-    if shutdown_grace_s:
-        # torchrun forwards SIGTERM to the ranks and kills them after this many seconds (default
-        # 30): long enough to finish the current step and write the checkpoint.
-        out.append(
-            EnvVar(
-                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-                str(shutdown_grace_s),
-                "launcher",
-                "save on SIGTERM",
-            )
-        )
-    return out
+def launcher_env() -> list[EnvVar]:
+    """torchrun's own knob: its agent logs at INFO repeat every setting on every node."""
+    return [EnvVar("LOGLEVEL", "WARNING", "launcher", "quiet torchrun agent logs")]
 
 
 def fabric_problems(fabric: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -175,13 +159,12 @@ def plan_env(
     fabric: Mapping[str, str],
     site: Mapping[str, str],
     user_env: Mapping[str, str],
-    shutdown_grace_s: int | None = None,
 ) -> EnvPlan:
     """Merge the owners' variables (later owners win a name) and pick out the user's secrets."""
     merged: dict[str, EnvVar] = {}
     layers = (
         recipe_env(cfg),
-        launcher_env(shutdown_grace_s),
+        launcher_env(),
         [EnvVar(k, str(v), "profile [env]") for k, v in site.items()],
         [EnvVar(k, str(v), "profile [fabric]") for k, v in fabric.items()],
     )

@@ -51,7 +51,7 @@ class SlurmJob:
     job_dir: str  # host path: the sbatch script and the Slurm log
     config_path: str  # the resolved config as the ranks see it (inside the container)
     env: EnvPlan
-    signal_s: int | None = None  # USR1 to the batch shell this long before the wall time
+    signal_s: int | None = None  # USR1 to every rank this long before the wall time
 
     @property
     def log_path(self) -> str:
@@ -74,8 +74,8 @@ def slurm_job(
     """The config the ranks read and the job that runs it; pure (no clock, no files).
 
     - The run stops itself before the wall time: train.exit_duration_minutes (unless set) becomes
-      the profile's time minus exit_margin_minutes, and USR1 arrives at the same margin as a
-      backstop for a slow start-up.
+      the profile's time minus exit_margin_minutes, and Slurm sends USR1 to the ranks at the same
+      margin before the limit (a backstop for a slow start or queue-time drift).
     - In a container, the run directory and any checkpoint directory must lie in a writable
       mount; the config then names them as the container sees them.
     """
@@ -98,7 +98,7 @@ def slurm_job(
     cfg.checkpoint.save_dir = inside.get("checkpoint.save_dir", cfg.checkpoint.save_dir)
     cfg.checkpoint.load_dir = inside.get("checkpoint.load_dir", cfg.checkpoint.load_dir)
     device = "cpu" if cfg.train.device == "cpu" else "cuda"
-    env = plan_env(cfg, profile.fabric, profile.env, user_env, shutdown_grace_s=margin_s)
+    env = plan_env(cfg, profile.fabric, profile.env, user_env)
     job_dir = (
         f"{profile.job_dir.rstrip('/')}/{run_dir.rstrip('/').rsplit('/', 1)[-1]}"
         if profile.job_dir
@@ -180,18 +180,24 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
         opts.append(("--exclusive", None))
     opts += [("--time", p.time), ("--output", job.log_path), ("--open-mode", "append")]
     if job.signal_s:
-        # B: only the batch shell gets it; the script turns it into SIGTERM for the ranks.
-        opts.append(("--signal", f"B:USR1@{job.signal_s}"))
+        # No "B:": Slurm signals the job step's processes (the ranks), not the batch shell.
+        opts.append(("--signal", f"USR1@{job.signal_s}"))
     for flag in p.sbatch_flags:
         option, _, value = flag.partition("=")
         opts.append((option, value if "=" in flag else None))
     return opts
 
 
+# Slurm's --signal=USR1@T reaches every process of the step; torchrun would die of it (it handles
+# TERM, INT, HUP, QUIT only), so it starts with USR1 ignored. The ranks install their own handler
+# and receive the signal once, directly. (bash, not `env --ignore-signal`: RHEL 8's env lacks it.)
+IGNORE_USR1 = Raw("""bash -c 'trap "" USR1 && exec "$0" "$@"'""")
+
+
 def torchrun_command(job: SlurmJob) -> list[Arg]:
     """One node's torchrun: all its ranks, c10d rendezvous on the first node of the job."""
     return [
-        "torchrun",
+        (IGNORE_USR1, "torchrun"),
         f"--nnodes={job.nodes}",
         f"--nproc-per-node={job.procs_per_node}",
         "--rdzv-backend=c10d",
@@ -270,8 +276,8 @@ def nemo_executor(job: SlurmJob) -> Any:
         container_env=job.env.names or None,
         env_vars={v.name: v.value for v in job.env.defaults},
         srun_args=srun_args,
-        # NeMo-Run's script traps nothing, so SIGTERM goes straight to the steps (torchrun, ranks).
-        signal=f"TERM@{job.signal_s}" if job.signal_s else None,
+        # No --signal: NeMo-Run's torchrun would die of USR1; train.exit_duration_minutes stops
+        # the run before the wall time instead (slurm_job sets it from the profile).
         tunnel=run.LocalTunnel(job_dir=job.job_dir),
         launcher="torchrun",
     )

@@ -195,7 +195,7 @@ def test_wall_time_sets_exit_duration_and_signal() -> None:
     )
     assert ranks_cfg.train.exit_duration_minutes == 105 and cfg.train.exit_duration_minutes is None
     script = render(job)
-    assert "#SBATCH --signal=B:USR1@900" in script and "trap stop_training USR1" in script
+    assert "#SBATCH --signal=USR1@900" in script
     cfg.train.exit_duration_minutes = 5  # the user's own value is kept
     assert (
         slurm_job(cfg, profile, nodes=1, procs_per_node=8, run_dir="/lustre/llm/r", user_env={})[
@@ -235,7 +235,7 @@ def test_pyxis_job_is_a_nemo_run_executor() -> None:
     assert {"--no-container-mount-home", "--container-writable", "--mpi=pmix"} <= set(
         executor.srun_args
     )
-    assert executor.nodes == 2 and executor.signal == "TERM@600"
+    assert executor.nodes == 2 and executor.signal is None
 
 
 # --- rendered scripts: they parse, and run what they say ------------------------------------------
@@ -478,9 +478,7 @@ def test_slurm_dryrun_prints_config_and_script(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    assert (
-        "exit_duration_minutes: 50.0" in out.stdout and "#SBATCH --signal=B:USR1@600" in out.stdout
-    )
+    assert "exit_duration_minutes: 50.0" in out.stdout and "#SBATCH --signal=USR1@600" in out.stdout
     assert f"source {sys.prefix}/bin/activate" in out.stdout and not (tmp_path / "run").exists()
 
 
