@@ -30,8 +30,16 @@ from training.batches import TrainBatches, build_train_dataset
 from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
 from training.config import TrainingConfig
 from training.finalize import Derived
+from training.metrics import MetricsLogger
 from training.step import train_step
-from training.step_log import create_step_logger
+
+
+class StepLogger(Protocol):
+    """Receives each step's numbers: metrics.jsonl, TensorBoard, W&B (training/metrics.py)."""
+
+    def on_step(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Hook(Protocol):
@@ -104,7 +112,8 @@ class Trainer:
         samples = cfg.train.max_steps * cfg.train.global_batch_size
         self.dataset = build_train_dataset(cfg, samples)
         self.batches = self._batches(consumed_samples=0)
-        self.logger = create_step_logger(cfg, run_dir, dist.get_rank())
+        # Anything with on_step(step, metrics) and close() can stand here (StepLogger).
+        self.logger: StepLogger = MetricsLogger(run_dir, cfg, is_writer=dist.get_rank() == 0)
         self.flops_per_token = _flops_per_token(cfg)
 
     def _batches(self, consumed_samples: int) -> Any:
@@ -184,14 +193,7 @@ class Trainer:
         }
         if result.skipped:
             metrics["skipped"] = True
-        self.logger.on_step(self.step, metrics)
-        if dist.get_rank() == 0 and self.step % max(1, self.cfg.logging.log_interval) == 0:
-            loss = "n/a" if result.loss is None else f"{result.loss:.4f}"
-            print(
-                f"step {self.step}/{self.cfg.train.max_steps} loss {loss} lr {result.lr:.3e} "
-                f"grad_norm {result.grad_norm or 0:.3f} {tokens_per_s:,.0f} tokens/s",
-                flush=True,
-            )
+        self.logger.on_step(self.step, metrics)  # writes on global rank 0 only
 
     def _out_of_time(self, started: float) -> bool:
         """train.exit_duration_minutes reached on any rank (all ranks agree, so none is left waiting)."""
