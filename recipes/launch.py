@@ -22,18 +22,19 @@ import yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.profile import Profile, load_profile, replace
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.cli import cluster_for, resolve
-from recipes.registry import Recipe
-from recipes.shrink import fit_to_world, shrink
+from recipes.cli import cluster_for
+from recipes.registry import Recipe, get
+from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
 from training.config import TrainingConfig
 from training.hardware import Cluster
-from training.tree import ConfigError, to_dict
+from training.tree import ConfigError, apply_overrides, to_dict
 
 
 def run_command(args: argparse.Namespace) -> int:
     profile = _profile(args)
-    recipe, cfg = resolve(args.recipe, args.overrides)
+    recipe = get(args.recipe)
     cluster = _cluster(recipe, args, profile)
+    cfg = recipe.config()
     if args.device == "cuda":
         cfg.train.device = "cuda"
     elif cluster.gpu == "cpu":
@@ -42,8 +43,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.shrink:
         cfg = shrink(cfg)
         if on_cpu:
-            for change in fit_to_world(cfg, cluster.world_size):
+            for change in fit_to_world(cfg, cluster.world_size) + use_cpu_collectives(cfg):
                 print(f"shrink: {change}")
+    # The user's overrides come last: they win over what --shrink chose (train.max_steps=20).
+    apply_overrides(cfg, args.overrides)
     report = check(cfg, cluster)
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
         print(render(report))

@@ -121,3 +121,18 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
     if cfg.model.num_moe_experts:
         cfg.model.num_moe_experts = max(cfg.model.num_moe_experts, 2 * ep)
     return changes
+
+
+def use_cpu_collectives(cfg: TrainingConfig) -> list[str]:
+    """Swap GPU-only implementations for their CPU twins (in place); returns the changes.
+
+    Only implementations change, never what is computed: the MoE token dispatcher moves the same
+    tokens to the same experts with all-gathers (gloo) instead of all-to-all (NCCL). Features that
+    change the computation or its layout on a GPU (SP, CP, FP8) are left for the checker to refuse.
+    """
+    model = cfg.model
+    if model.num_moe_experts and model.moe_token_dispatcher_type != "allgather":
+        change = f"model.moe_token_dispatcher_type: {model.moe_token_dispatcher_type} -> allgather"
+        model.moe_token_dispatcher_type = "allgather"
+        return [change]
+    return []
