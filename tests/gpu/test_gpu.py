@@ -1,0 +1,94 @@
+"""What only a GPU can run: TE layers, FP8 presets, sequence and context parallel, SDPA on CUDA.
+
+Marked `gpu`: tests/conftest.py skips them where torch sees no CUDA device. Each launches the same
+engine as the CPU smoke tests (`torchrun -m training.entry`) with `train.device=cuda`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.smoke.conftest import Runs
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _capability() -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability()
+
+
+needs_te = pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None, reason="needs Transformer Engine"
+)
+CUDA = ["train.device=cuda", "optimizer.lr=1e-3"]
+
+
+def assert_learns(records: list[dict]) -> None:
+    losses = [r["loss"] for r in records]
+    assert sum(losses[:3]) / 3 - sum(losses[-3:]) / 3 > 0.5, losses
+
+
+def test_bf16_on_one_gpu_reports_mfu(runs: Runs) -> None:
+    """TE spec when TE imports, else the SDPA spec (flash / cuDNN kernels): both must train."""
+    records = runs.metrics("gpu_bf16", 1, CUDA)
+    assert_learns(records)
+    assert records[-1]["mfu"] is not None and 0 < records[-1]["mfu"] < 1
+
+
+@needs_te
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "bf16_with_fp8_delayed_scaling_mixed",
+        "bf16_with_fp8_current_scaling_mixed",
+        "bf16_with_fp8_subchannel_scaling_mixed",
+    ],
+)
+def test_fp8_presets_train_on_hopper(runs: Runs, preset: str) -> None:
+    if _capability() < (9, 0):
+        pytest.skip("FP8 needs Hopper (sm90) or newer")
+    # FP8 GEMMs want dimensions that are multiples of 16: the tiny model's 64/256 qualify.
+    assert_learns(runs.metrics(f"gpu_{preset}", 1, [*CUDA, f"precision={preset}"]))
+
+
+@needs_te
+def test_mxfp8_trains_on_blackwell(runs: Runs) -> None:
+    if _capability() < (10, 0):
+        pytest.skip("MXFP8 needs Blackwell (sm100)")
+    assert_learns(runs.metrics("gpu_mxfp8", 1, [*CUDA, "precision=bf16_with_mxfp8_mixed"]))
+
+
+def test_sequence_parallel_matches_plain_tensor_parallel(runs: Runs) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    tp = ["parallel.tensor_model_parallel_size=2"]
+    plain = runs.metrics("gpu_tp2", 2, [*CUDA, *tp])
+    sp = runs.metrics("gpu_tp2_sp", 2, [*CUDA, *tp, "parallel.sequence_parallel=true"])
+    assert_learns(sp)
+    for a, b in zip(plain[:5], sp[:5], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=0.05)
+
+
+def test_context_parallel_trains(runs: Runs) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    assert_learns(runs.metrics("gpu_cp2", 2, [*CUDA, "parallel.context_parallel_size=2"]))
+
+
+def test_moe_alltoall_dispatcher(runs: Runs) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    moe = ["model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64"]
+    assert_learns(
+        runs.metrics("gpu_moe_a2a", 2, [*CUDA, *moe, "parallel.expert_model_parallel_size=2"])
+    )
