@@ -1,0 +1,118 @@
+"""One-GPU proxy of llama3_8b_pretrain: tokens/s, TFLOPS per GPU and MFU, BF16 and FP8.
+
+The proxy keeps what sets a layer's speed (hidden 4096, FFN 14336, 32 heads in 8 query groups,
+sequence 8192, vocabulary 128256, micro batch 1) and takes as many layers as the memory estimate
+says fit on this GPU, so that one GPU runs the recipe's real kernels. MFU is measured against the
+GPU's dense peak in the precision of the GEMMs (training/hardware.py), with the causal FLOPs formula
+(training/estimate.py). Target: at least 50% MFU in BF16.
+
+    # on a machine with one H100/H200 and this repository installed (torch + megatron-core, TE optional)
+    python bench/gpu_llama3_8b_proxy.py [--layers N] [--steps 30] [--precision bf16_mixed ...]
+
+Each precision runs as `torchrun --nproc-per-node 1 -m training.entry --config ...`, the same
+entry point as a real job; the figures are medians over the steps after the first five (warm-up,
+allocator growth, TE's FP8 calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from recipes.registry import get  # noqa: E402
+from training.estimate import estimate_memory  # noqa: E402
+from training.finalize import finalize  # noqa: E402
+from training.hardware import Cluster, gpu_from_device_name  # noqa: E402
+from training.tree import apply_overrides, to_dict  # noqa: E402
+
+PRECISIONS = ["bf16_mixed", "bf16_with_fp8_current_scaling_mixed"]
+
+
+def proxy_overrides(layers: int, steps: int, precision: str, run_dir: Path) -> list[str]:
+    return [
+        f"model.num_layers={layers}",
+        f"precision={precision}",
+        "parallel.tensor_model_parallel_size=1",
+        "parallel.context_parallel_size=1",
+        "parallel.sequence_parallel=false",
+        "train.micro_batch_size=1",
+        "train.global_batch_size=4",  # 4 microbatches: gradient accumulation as in the recipe
+        f"train.max_steps={steps}",
+        "train.device=cuda",
+        "scheduler.warmup_steps=2",
+        "checkpoint.save_interval=1000000",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+        f"logging.run_dir={run_dir}",
+    ]
+
+
+def layers_that_fit(gpu: str, precision: str) -> int:
+    """The most layers the estimate puts under the GPU's memory (at least 1)."""
+    cluster = Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
+    best = 1
+    for layers in range(1, 33):
+        cfg = apply_overrides(
+            get("llama3_8b_pretrain").config(), proxy_overrides(layers, 1, precision, Path("/tmp"))
+        )
+        memory = estimate_memory(cfg, cluster, finalize(cfg, cluster))
+        if memory is None or memory.total_gib > cluster.spec.memory_gib:
+            break
+        best = layers
+    return best
+
+
+def run(precision: str, layers: int, steps: int, workdir: Path) -> dict[str, float]:
+    import yaml
+
+    run_dir = workdir / precision
+    cfg = apply_overrides(
+        get("llama3_8b_pretrain").config(), proxy_overrides(layers, steps, precision, run_dir)
+    )
+    config = workdir / f"{precision}.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    subprocess.run([*cmd, "-m", "training.entry", "--config", str(config)], cwd=REPO, check=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    measured = rows[5:] or rows
+    return {
+        key: statistics.median(r[key] for r in measured if r.get(key) is not None)
+        for key in ("tokens_per_s", "tflops_per_gpu", "mfu")
+    }
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, help="default: as many as the estimate says fit")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--precision", nargs="+", default=PRECISIONS)
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name()
+    gpu = gpu_from_device_name(name)
+    if gpu is None:
+        sys.exit(f"unknown GPU {name!r}: MFU needs its peak in training/hardware.py")
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in args.precision:
+            layers = args.layers or layers_that_fit(gpu, precision)
+            result = run(precision, layers, args.steps, Path(tmp))
+            print(
+                f"{name} | {precision} | {layers} layers, seq 8192 | "
+                f"{result['tokens_per_s']:,.0f} tokens/s | {result['tflops_per_gpu']:.0f} TFLOPS/GPU | "
+                f"MFU {100 * result['mfu']:.1f}%"
+            )
+
+
+if __name__ == "__main__":
+    main()
