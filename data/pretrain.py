@@ -135,11 +135,14 @@ def build_pretrain_datasets(
         create_attention_mask=create_attention_mask,
         mmap_bin_files=True,
     )
-    builder = BlendedMegatronDatasetBuilder(
-        dataset_cls, [train_samples, valid_samples, test_samples], is_built_on_rank, config
-    )
-    datasets = builder.build()
-    # 0 requested samples means "not wanted": Megatron would still hand back a whole epoch.
     sizes = (train_samples, valid_samples, test_samples)
+    # 0 requested samples means "not wanted", so that split is not built at all: Megatron would
+    # build every split with a weight, and on one without documents (the 0.1% test split of a
+    # small dataset) it counts epochs forever. The other splits keep their document ranges.
+    config.split_matrix = [
+        None if n == 0 else part for part, n in zip(config.split_matrix, sizes, strict=True)
+    ]
+    builder = BlendedMegatronDatasetBuilder(dataset_cls, list(sizes), is_built_on_rank, config)
+    datasets = builder.build()
     train, valid, test = (ds if n > 0 else None for ds, n in zip(datasets, sizes, strict=True))
     return train, valid, test
