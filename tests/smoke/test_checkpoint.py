@@ -1,0 +1,267 @@
+"""Checkpoints and resume, end to end: real 2-process torchrun jobs of a tiny GPT on the CPU.
+
+- Exact resume: 20 steps in one job == 10 steps, stop, resume, 10 steps, float for float (loss,
+  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2 and PP=2.
+- A job chain as Slurm runs it: job 1 gets SIGUSR1 (one rank only), saves and exits 0; job 2 is
+  SIGKILLed while its final checkpoint is being written; job 3 resumes from job 1's checkpoint, never
+  from the half-written one, and repeats job 2's losses exactly.
+- Indexed data made here (BPE tokenizer + JSONL -> .bin/.idx) resumes exactly; keep_last prunes;
+  a stale .tmp folder is never loaded and is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from training import checkpoint_dirs as dirs
+
+pytestmark = pytest.mark.smoke
+
+REPO = Path(__file__).resolve().parents[2]
+STOP_ENTRY = Path(__file__).with_name("signal_at_step.py")
+
+# A tiny GPT: 4 layers (2 per stage at PP=2), 4 heads / 2 KV groups (whole groups at TP=2).
+BASE: dict[str, Any] = {
+    "name": "ckpt_smoke",
+    "model": {
+        "num_layers": 4,
+        "hidden_size": 64,
+        "ffn_hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "seq_length": 64,
+        "vocab_size": 512,
+    },
+    "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
+    "scheduler": {"warmup_steps": 2},
+    "train": {"global_batch_size": 8, "micro_batch_size": 2, "max_steps": 20, "device": "cpu"},
+    "checkpoint": {"save_interval": 100, "keep_last": 0},
+    "logging": {"tensorboard": False, "progress_bar": False},
+}
+
+
+class Job:
+    """One torchrun job (2 CPU processes) of a config, in its own run directory."""
+
+    def __init__(self, tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> None:
+        self.tmp = tmp
+        self.run_dir = tmp / name
+        config = json.loads(json.dumps(BASE))
+        for dotted, value in (overrides or {}).items():
+            *path, leaf = dotted.split(".")
+            node = config
+            for key in path:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+        config["logging"]["run_dir"] = str(self.run_dir)
+        self.config = tmp / f"{name}.yaml"
+        self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.logs: list[str] = []
+
+    def start(
+        self, stop_at: int | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
+        for var in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR"):
+            full_env[var] = str(self.tmp / var.lower())
+        entry = ["-m", "training.entry"]
+        if stop_at is not None:
+            entry = [str(STOP_ENTRY)]
+            full_env["RECIPES_TEST_SIGNAL_AT_STEP"] = str(stop_at)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+        ]
+        log = self.tmp / f"{self.run_dir.name}.{len(self.logs)}.log"
+        self.logs.append(str(log))
+        with log.open("w") as out:  # the child keeps its own copy of the handle
+            return subprocess.Popen(
+                [*cmd, *entry, "--config", str(self.config)],
+                cwd=REPO,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def run(self, stop_at: int | None = None, env: dict[str, str] | None = None) -> str:
+        """Runs to the end; returns the job's output and fails the test on a non-zero exit."""
+        proc = self.start(stop_at, env)
+        returncode = proc.wait(timeout=600)
+        out = self.output()
+        if returncode != 0:
+            tail = "\n".join(out.splitlines()[-40:])
+            pytest.fail(f"job exited {returncode}, log {self.logs[-1]}:\n{tail}")
+        return out
+
+    def output(self) -> str:
+        return Path(self.logs[-1]).read_text(encoding="utf-8", errors="replace")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def latest_step(self) -> int | None:
+        latest = dirs.latest_checkpoint(self.ckpt_dir)
+        return None if latest is None else dirs.step_of(latest)
+
+
+def trace(records: list[dict[str, Any]]) -> list[tuple]:
+    """What must repeat bitwise: (step, loss, grad_norm, lr)."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records]
+
+
+def wait_for(condition: Any, what: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every worker at once, as a node failure would. (torchrun starts its
+    workers in their own sessions, so a signal to its process group alone would not reach them.)"""
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)
+
+
+def workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    return [
+        p for p in psutil.Process(proc.pid).children() if "training.entry" in " ".join(p.cmdline())
+    ]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {},  # DP=2 with the distributed optimizer (dp_reshardable)
+        {"parallel.tensor_model_parallel_size": 2},
+        {"parallel.pipeline_model_parallel_size": 2},
+    ],
+    ids=["dp2", "tp2", "pp2"],
+)
+def test_resume_is_exact(tmp_path: Path, layout: dict[str, Any]) -> None:
+    reference = Job(tmp_path, "straight", layout)
+    reference.run()
+    chained = Job(tmp_path, "chained", layout)
+    first = chained.run(stop_at=10)
+    assert "exit signal: saving at step 10" in first
+    assert chained.latest_step() == 10 and len(chained.metrics()) == 10
+    second = chained.run()
+    assert f"resumed from {chained.ckpt_dir / 'iter_0000010'} at step 10" in second
+    assert len(reference.metrics()) == 20
+    assert trace(chained.metrics()) == trace(reference.metrics())  # exact floats
+
+
+def test_signal_then_kill_mid_save_then_resume(tmp_path: Path) -> None:
+    job = Job(tmp_path, "chain", {"train.max_steps": 40})
+
+    # Job 1: SIGUSR1 to one worker only; every rank stops at the same step, saves, exits 0.
+    proc = job.start()
+    wait_for(lambda: len(job.metrics()) >= 2, "step 2", proc)
+    workers(proc)[-1].send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 0, job.output()[-3000:]
+    stopped = job.metrics()[-1]["step"]
+    assert stopped < 40, "the signal came too late to test anything"
+    assert job.latest_step() == stopped
+    assert f"exit signal: saving at step {stopped}" in job.output()
+
+    # Job 2: resumes, trains to 40, and is killed while its final checkpoint is being written.
+    seen = len(job.metrics())
+    proc = job.start(env={"RECIPES_TEST_SLOW_SAVE": "300"})
+    partial = job.ckpt_dir / (dirs.iter_name(40) + dirs.TMP_SUFFIX)
+    wait_for(lambda: (partial / dirs.STATE_FILE).is_file(), "the final save", proc)
+    kill_job(proc)
+    killed_run = job.metrics()[seen:]
+    assert [r["step"] for r in killed_run] == list(range(stopped + 1, 41))
+    assert partial.is_dir() and not (job.ckpt_dir / dirs.iter_name(40)).exists()
+    assert job.latest_step() == stopped  # the half-written checkpoint is not the latest
+
+    # Job 3: resumes from job 1's checkpoint, removes the stale .tmp, repeats job 2 exactly.
+    seen = len(job.metrics())
+    out = job.run()
+    assert f"resumed from {job.ckpt_dir / dirs.iter_name(stopped)} at step {stopped}" in out
+    assert not partial.exists()
+    assert job.latest_step() == 40
+    assert trace(job.metrics()[seen:]) == trace(killed_run)
+
+
+def _indexed_corpus(root: Path) -> tuple[Path, Path]:
+    """A BPE tokenizer and a Megatron .bin/.idx dataset, both made here (see tests/test_data.py)."""
+    import random
+
+    from data.indexed import jsonl_to_indexed
+    from data.make_tokenizer import train_bpe_tokenizer
+
+    words = "the model trains on tokens while gradients flow through every layer".split()
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(300)]
+    tokenizer = train_bpe_tokenizer(texts=texts, vocab_size=512, out=root / "tok.json")
+    jsonl = root / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    prefix = root / "data" / "docs"
+    jsonl_to_indexed(jsonl, tokenizer, prefix, append_eod=True)
+    return Path(tokenizer), prefix
+
+
+def test_indexed_data_resumes_exactly_and_keep_last_prunes(tmp_path: Path) -> None:
+    tokenizer, prefix = _indexed_corpus(tmp_path)
+    data = {
+        "data.kind": "indexed",
+        "data.path": str(prefix),
+        "data.tokenizer": str(tokenizer),
+        "train.max_steps": 6,
+        "checkpoint.save_interval": 1,
+        "checkpoint.keep_last": 2,
+    }
+    reference = Job(tmp_path, "straight", data)
+    # Left by a crashed job: complete-looking inside, but never published.
+    stale = reference.ckpt_dir / (dirs.iter_name(99) + dirs.TMP_SUFFIX)
+    stale.mkdir(parents=True)
+    (stale / dirs.STATE_FILE).write_text("{}")
+    out = reference.run()
+    assert "resumed from" not in out and not stale.exists()
+    kept = sorted(p.name for p in reference.ckpt_dir.iterdir())
+    assert kept == [dirs.iter_name(5), dirs.iter_name(6), dirs.LATEST_FILE]
+    assert (reference.ckpt_dir / dirs.LATEST_FILE).read_text().strip() == dirs.iter_name(6)
+
+    chained = Job(tmp_path, "chained", data)
+    chained.run(stop_at=3)
+    assert chained.latest_step() == 3
+    assert f"resumed from {chained.ckpt_dir / dirs.iter_name(3)} at step 3" in chained.run()
+    assert len(reference.metrics()) == 6
+    assert trace(chained.metrics()) == trace(reference.metrics())
+
+
+def test_exit_duration_saves_and_exits(tmp_path: Path) -> None:
+    """train.exit_duration_minutes ends the loop early, at a step boundary, with a checkpoint."""
+    job = Job(tmp_path, "timed", {"train.exit_duration_minutes": 1e-4})  # 6 ms: after step 1
+    job.run()
+    steps = [r["step"] for r in job.metrics()]
+    assert steps and steps[-1] < 20
+    assert job.latest_step() == steps[-1]
