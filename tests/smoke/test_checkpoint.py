@@ -7,6 +7,11 @@
   from the half-written one, and repeats job 2's losses exactly.
 - Indexed data made here (BPE tokenizer + JSONL -> .bin/.idx) resumes exactly; keep_last prunes;
   a stale .tmp folder is never loaded and is removed.
+- train.exit_duration_minutes saves before it exits; the GPU's asynchronous save path, run on the
+  CPU, publishes complete checkpoints that resume exactly.
+
+Each job is `torchrun --standalone --nproc-per-node 2` with OMP_NUM_THREADS=1; signal_at_step.py
+and async_save_on_cpu.py are test wrappers around `training.entry`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ pytestmark = pytest.mark.smoke
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_ENTRY = Path(__file__).with_name("signal_at_step.py")
+ASYNC_ENTRY = Path(__file__).with_name("async_save_on_cpu.py")
 
 # A tiny GPT: 4 layers (2 per stage at PP=2), 4 heads / 2 KV groups (whole groups at TP=2).
 BASE: dict[str, Any] = {
@@ -71,37 +77,39 @@ class Job:
         self.logs: list[str] = []
 
     def start(
-        self, stop_at: int | None = None, env: dict[str, str] | None = None
+        self,
+        stop_at: int | None = None,
+        env: dict[str, str] | None = None,
+        script: Path | None = None,
     ) -> subprocess.Popen:
+        """Starts the job: `-m training.entry`, or a test wrapper `script` around it."""
         full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
         for var in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR"):
             full_env[var] = str(self.tmp / var.lower())
-        entry = ["-m", "training.entry"]
         if stop_at is not None:
-            entry = [str(STOP_ENTRY)]
+            script = STOP_ENTRY
             full_env["RECIPES_TEST_SIGNAL_AT_STEP"] = str(stop_at)
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-        ]
+        entry = [str(script)] if script else ["-m", "training.entry"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         log = self.tmp / f"{self.run_dir.name}.{len(self.logs)}.log"
         self.logs.append(str(log))
         with log.open("w") as out:  # the child keeps its own copy of the handle
             return subprocess.Popen(
-                [*cmd, *entry, "--config", str(self.config)],
+                [*cmd, "--nproc-per-node", "2", *entry, "--config", str(self.config)],
                 cwd=REPO,
                 env=full_env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
 
-    def run(self, stop_at: int | None = None, env: dict[str, str] | None = None) -> str:
+    def run(
+        self,
+        stop_at: int | None = None,
+        env: dict[str, str] | None = None,
+        script: Path | None = None,
+    ) -> str:
         """Runs to the end; returns the job's output and fails the test on a non-zero exit."""
-        proc = self.start(stop_at, env)
+        proc = self.start(stop_at, env, script)
         returncode = proc.wait(timeout=600)
         out = self.output()
         if returncode != 0:
@@ -265,3 +273,19 @@ def test_exit_duration_saves_and_exits(tmp_path: Path) -> None:
     steps = [r["step"] for r in job.metrics()]
     assert steps and steps[-1] < 20
     assert job.latest_step() == steps[-1]
+
+
+def test_async_save_publishes_complete_checkpoints(tmp_path: Path) -> None:
+    """The GPU's asynchronous save (run on the CPU): background writes, publication when they are
+    done, keep_last; a checkpoint written that way resumes exactly."""
+    overrides = {"train.max_steps": 6, "checkpoint.save_interval": 2, "checkpoint.keep_last": 2}
+    job = Job(tmp_path, "async", overrides)
+    out = job.run(script=ASYNC_ENTRY)
+    for step in (2, 4, 6):
+        assert f"saved {job.ckpt_dir / dirs.iter_name(step)} (step {step})" in out
+    assert sorted(p.name for p in job.ckpt_dir.iterdir())[0] == dirs.iter_name(4)  # keep_last
+    straight = job.metrics()
+    # Roll `latest` back by hand, as a user would, and resume synchronously from step 4.
+    (job.ckpt_dir / dirs.LATEST_FILE).write_text(dirs.iter_name(4) + "\n")
+    assert "at step 4" in job.run()
+    assert trace(job.metrics()[6:]) == trace(straight[4:])
