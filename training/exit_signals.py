@@ -6,18 +6,19 @@ flag over all ranks, so one signalled rank is enough and every rank leaves at th
 then saves a checkpoint at that step and exits 0; the next job of the chain resumes from it. A
 second signal ends the process at once (a job that must die is not held up by a slow save).
 
-With Slurm, ask for the signal ahead of the time limit, long enough to finish a step and a save:
+With Slurm, ask for the signal ahead of the time limit, long enough to finish a step and a save.
+Two ways to get it to the ranks:
 
-    #SBATCH --signal=B:USR1@300    # USR1 to the batch shell 300 s before the limit
+    #SBATCH --signal=USR1@300      # what launchers/slurm.py renders: USR1 to every process of the
+                                   # job step 300 s before the limit; torchrun runs with USR1
+                                   # ignored (it would die of it), the ranks catch it themselves
+    #SBATCH --signal=B:USR1@300    # USR1 to the batch shell only; forward it to the ranks, e.g.
+                                   # trap 'kill -USR1 $RANK_PIDS' USR1 (one rank per job suffices)
 
-and forward it from the batch script to the training processes, e.g.
-`trap 'kill -USR1 -- $WORKER_PIDS' USR1` (one rank per job is enough, thanks to the all-reduce).
-Alternatively `--signal=USR1@300` (without `B:`) lets Slurm signal the job step's tasks itself.
-torchrun starts its workers in their own sessions (a signal to its process group does not reach
-them) and forwards USR1 only when asked to:
-`torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`; it then waits
-`--shutdown-timeout` seconds for the workers, which must cover the save. Slurm's own SIGTERM at
-the limit is handled the same way, but only KillWait (30 s by default) separates it from SIGKILL.
+torchrun starts its workers in their own sessions, so a signal to torchrun's process group does not
+reach them; torchrun forwards USR1 only with `--signals-to-handle ...,SIGUSR1`, and then gives the
+workers `--shutdown-timeout` seconds, which must cover the save. Slurm's own SIGTERM at the limit
+is handled like USR1, but only KillWait (30 s by default) separates it from SIGKILL.
 train.exit_duration_minutes ends the loop the same way, without a signal.
 """
 
