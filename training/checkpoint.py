@@ -21,8 +21,9 @@ when every rank has finished: checked at each step, and awaited before the next 
 The CPU saves synchronously.
 
 Leaving before the wall-time limit (training/exit_signals.py): SIGUSR1 or SIGTERM on any rank makes
-all ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=B:USR1@<seconds>`
-(seconds enough for a step and a save), forwarded to the training processes; details there.
+all ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=USR1@<seconds>`
+(the ranks get it directly; torchrun must ignore it), or `--signal=B:USR1@<seconds>` forwarded by
+the batch script to the ranks; <seconds> must cover a step and a save. Details there.
 
 Test-only: RECIPES_TEST_SLOW_SAVE=<seconds> makes rank 0 sleep after a checkpoint is fully written
 and before its rename, so that tests can kill a job inside that window. Never set it otherwise.
@@ -95,10 +96,11 @@ class CheckpointHook:
         ckpt_state.load_model_and_optimizer(trainer, path, saved["dist_optimizer_sharding"])
         restored = {k: saved[k] for k in ("step", "consumed_samples", "scheduler")}
         same_world = saved["world_size"] == dist.get_world_size()
-        if same_world and ckpt_state.rng_file(path, self.rank).is_file():
+        if not same_world:  # RNG streams are per rank: nothing to map them onto
+            if self.rank == 0:
+                print("checkpoint: world size changed: RNG streams start afresh", flush=True)
+        elif ckpt_state.rng_file(path, self.rank).is_file():
             restored["rng"] = ckpt_state.load_rng(path, self.rank)
-        elif self.rank == 0:
-            print("checkpoint: world size changed: RNG streams start afresh", flush=True)
         # The batch source's own state (Energon's loader) is per DP rank: same layout only.
         same_ranks = same_world and saved["layout"] == ckpt_state.layout(self.cfg)
         if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
