@@ -12,6 +12,8 @@ into a temporary folder unless --data is given). Per setting it reports:
   the best of --repeat runs, since other processes on a shared machine only ever slow it down.
   The loop does nothing with a batch, so this is the loader alone: workers pay off when the
   training step keeps the main process busy, not here;
+- CPU ms/sample: CPU time of the main process and its loader workers per sample over the same
+  stretch, which other load on the machine hardly changes (wall time it does);
 - fill (fixed): real LM positions / (rows x seq_length), what a fixed-shape batch pays (pipeline
   parallel pads every row to seq_length);
 - fill (dynamic): real LM positions / (rows x longest row of its microbatch), what PP=1 pays, since
@@ -26,6 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
 
 def measure(cfg, workers: int, batches: int) -> dict[str, float]:  # cfg: TrainingConfig
     from data.energon import build_loader
@@ -35,6 +44,9 @@ def measure(cfg, workers: int, batches: int) -> dict[str, float]:  # cfg: Traini
     iterator = iter(loader)
     for _ in range(2 * max(1, workers)):  # start-up: every worker's first batches, prefetch
         next(iterator)
+    main = psutil.Process()
+    procs = [main, *main.children(recursive=True)]  # the loader's worker processes
+    cpu_before = sum(_cpu_seconds(p) for p in procs)
     samples = real = fixed = dynamic = 0
     started = time.perf_counter()
     for _ in range(batches):
@@ -45,9 +57,11 @@ def measure(cfg, workers: int, batches: int) -> dict[str, float]:  # cfg: Traini
         fixed += len(rows) * cfg.model.seq_length
         dynamic += len(rows) * int(rows.max())
     elapsed = time.perf_counter() - started
+    cpu = sum(_cpu_seconds(p) for p in procs) - cpu_before
     del iterator, loader
     return {
         "samples_per_s": samples / elapsed,
+        "cpu_ms_per_sample": 1000 * cpu / samples,
         "samples_per_row": samples / (batches * cfg.train.micro_batch_size),
         "fill_fixed": real / fixed,
         "fill_dynamic": real / dynamic,
@@ -77,8 +91,11 @@ def main() -> None:
             f"{args.micro_batch_size}, seq_length {args.seq_length}, {args.batches} microbatches, "
             f"best of {args.repeat}\n"
         )
-        print("| workers | packing | samples/s | samples/row | fill (fixed) | fill (dynamic) |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "| workers | packing | samples/s | CPU ms/sample | samples/row | fill (fixed) "
+            "| fill (dynamic) |"
+        )
+        print("|---|---|---|---|---|---|---|")
         for packing in (False, True):
             for workers in (0, 1, 2):
                 cfg = get("tiny_llava_pretrain").config()
@@ -91,6 +108,7 @@ def main() -> None:
                 r = max(runs, key=lambda x: x["samples_per_s"])
                 print(
                     f"| {workers} | {'on' if packing else 'off'} | {r['samples_per_s']:.0f} | "
+                    f"{r['cpu_ms_per_sample']:.2f} | "
                     f"{r['samples_per_row']:.2f} | {r['fill_fixed']:.1%} | {r['fill_dynamic']:.1%} |",
                     flush=True,
                 )
