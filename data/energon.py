@@ -67,6 +67,11 @@ def build_loader(
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     data = cfg.data
+    if "://" not in data.path and not Path(data.path).exists():  # Energon also reads msc:// URLs
+        raise FileNotFoundError(
+            f"data.path={data.path!r} does not exist; prepare an Energon dataset with `recipes data "
+            "prepare SRC OUT` (or `recipes data make-synthetic-vlm OUT`) and point data.path at OUT"
+        )
     workers = data.num_workers if num_workers is None else num_workers
     worker_config = WorkerConfig(
         rank=dp_rank, world_size=dp_size, num_workers=workers, seed_offset=data.seed
