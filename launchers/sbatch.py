@@ -92,7 +92,12 @@ def submit(script: Path, chain: int = 1, sbatch: str = "sbatch") -> list[str]:
         argv = [sbatch, "--parsable"]
         if ids:
             argv.append(f"--dependency=afterany:{ids[-1]}")
-        done = subprocess.run([*argv, str(script)], capture_output=True, text=True)
+        try:
+            done = subprocess.run([*argv, str(script)], capture_output=True, text=True)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"{sbatch} not found: submit from a Slurm login node (--dryrun shows the script)"
+            ) from None
         if done.returncode != 0:
             submitted = f" (submitted so far: {', '.join(ids)})" if ids else ""
             raise RuntimeError(

@@ -178,6 +178,10 @@ def _run_slurm(
         print(yaml.safe_dump(to_dict(ranks_cfg), sort_keys=False), end="")
         print(f"# {job.script_path}")
         print(text, end="")
+        if args.chain > 1:
+            print(
+                f"# then {args.chain - 1} more: sbatch --dependency=afterany:<previous job id> {job.script_path}"
+            )
         print(f"dry run: nothing submitted; the run would go to {run_dir}")
         return 0
     _write_config(ranks_cfg, run_dir)

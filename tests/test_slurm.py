@@ -182,7 +182,7 @@ def submit(
     return ids, done.stdout
 
 
-def wait_for(env: dict[str, str], job_id: str, timeout: float = 150) -> str:
+def wait_for(env: dict[str, str], job_id: str, timeout: float = 400) -> str:
     """The job's final state (COMPLETED, FAILED, ...), polling scontrol."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -208,7 +208,7 @@ def steps(run_dir: Path) -> list[int]:
 
 
 def signal_when_training(
-    env: dict[str, str], run_dir: Path, job_id: str, timeout: float = 120
+    env: dict[str, str], run_dir: Path, job_id: str, timeout: float = 400
 ) -> None:
     """Send USR1 to the job's steps, as `#SBATCH --signal=USR1@...` does before the wall time,
     once the job has logged a training step."""
