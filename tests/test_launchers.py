@@ -328,7 +328,11 @@ def test_hostile_strings_never_run(kind: str, texts: dict[str, str]) -> None:
 def recipes(
     *args: str, cwd: Path | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    env = env or os.environ | {"NEMORUN_HOME": str(cwd or tempfile.gettempdir())}
+    scratch = str(cwd or tempfile.gettempdir())  # caches the run may write stay out of $HOME
+    env = (env or os.environ | {"NEMORUN_HOME": scratch}) | {
+        "MPLCONFIGDIR": scratch,
+        "HF_HOME": scratch,
+    }
     argv = [sys.executable, "-m", "recipes", "run", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 

@@ -125,7 +125,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
     conf.write_text(slurm_conf(root, host))
-    env = os.environ | {"SLURM_CONF": str(conf)}
+    caches = {name: str(root / "cache") for name in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR")}
+    env = os.environ | caches | {"SLURM_CONF": str(conf)}
     procs = [p for p in [start_munge(root)] if p]
     try:
         for daemon in (["slurmctld", "-D", "-c", "-i"], ["slurmd", "-D", "-N", host]):
