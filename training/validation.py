@@ -7,27 +7,13 @@ login node in milliseconds. The engine calls the same `validate` on every rank a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from training import layout as layouts
 from training.config import TrainingConfig
 from training.finalize import Derived, finalize
 from training.hardware import GPUS, Cluster
 from training.precision import PRESETS, gpu_runs
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    field: str
-    message: str
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _choices(values: list[int], limit: int = 8) -> str:
-    return ", ".join(str(v) for v in values[:limit]) + (", ..." if len(values) > limit else "")
+from training.problems import Problem, choices, divisors
+from training.validation_vlm import multimodal
 
 
 def validate(
@@ -36,7 +22,7 @@ def validate(
     """All problems of `cfg` on `cluster`; an empty list means it can run."""
     derived = derived or finalize(cfg, cluster)
     problems: list[Problem] = []
-    rules = (_cluster, _parallel, _pipeline, _batch, _moe, _model, _multimodal, _precision, _cpu)
+    rules = (_cluster, _parallel, _pipeline, _batch, _moe, _model, multimodal, _precision, _cpu)
     for rule in (*rules, _rest):
         problems += rule(cfg, cluster, derived)
     return problems
@@ -87,13 +73,13 @@ def _parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
         ]
         field = next((f for f, v in candidates if v > 1 and world % v), None)
         field = field or max(candidates, key=lambda c: c[1])[0]
-        fits = _divisors(world)
+        fits = divisors(world)
         out.append(
             Problem(
                 field,
                 f"world size {world} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs) is not divisible "
                 f"by TP x PP x CP = {tp} x {pp} x {cp} = {d.model_parallel_size}; the product must divide the "
-                f"world size (one of {_choices(fits)}), or change --nodes/--gpus-per-node",
+                f"world size (one of {choices(fits)}), or change --nodes/--gpus-per-node",
             )
         )
     if model.num_attention_heads % tp:
@@ -101,7 +87,7 @@ def _parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
             Problem(
                 "parallel.tensor_model_parallel_size",
                 f"model.num_attention_heads={model.num_attention_heads} is not divisible by TP={tp}; "
-                f"use TP in {{{_choices(_divisors(model.num_attention_heads))}}}",
+                f"use TP in {{{choices(divisors(model.num_attention_heads))}}}",
             )
         )
     groups = model.num_query_groups
@@ -110,7 +96,7 @@ def _parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
             Problem(
                 "parallel.tensor_model_parallel_size",
                 f"model.num_query_groups={groups} is not divisible by TP={tp}; every TP rank needs whole "
-                f"KV heads: use TP in {{{_choices(_divisors(groups))}}}",
+                f"KV heads: use TP in {{{choices(divisors(groups))}}}",
             )
         )
     if model.ffn_hidden_size % tp:
@@ -186,7 +172,7 @@ def _pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
     if d.pipeline_chunks is None:
         chunks = pp * (vpp or 1)
         what = f"PP x VPP = {pp} x {vpp} = {chunks} chunks" if vpp else f"{pp} pipeline stages"
-        options = [p for p in _divisors(model.num_layers) if p <= 64]
+        options = [p for p in divisors(model.num_layers) if p <= 64]
         field = (
             "parallel.virtual_pipeline_model_parallel_size"
             if vpp and model.num_layers % pp == 0
@@ -197,7 +183,7 @@ def _pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
                 field,
                 f"model.num_layers={model.num_layers} do not split over {what}, not even with the embedding "
                 f"and loss counted as one layer each; use a PP x VPP that divides {model.num_layers} "
-                f"({_choices(options)}) or give parallel.pipeline_model_parallel_layout explicitly",
+                f"({choices(options)}) or give parallel.pipeline_model_parallel_layout explicitly",
             )
         )
     return out
@@ -263,7 +249,7 @@ def _moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         out.append(
             Problem(
                 "parallel.expert_model_parallel_size",
-                f"model.num_moe_experts={experts} is not divisible by EP={ep}; use EP in {{{_choices(_divisors(experts))}}}",
+                f"model.num_moe_experts={experts} is not divisible by EP={ep}; use EP in {{{choices(divisors(experts))}}}",
             )
         )
     if not 1 <= model.moe_router_topk <= experts:
@@ -333,122 +319,6 @@ def _model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
     if model.arch == "llava" and model.vision is None:
         out.append(Problem("model.vision", "arch 'llava' needs a vision section"))
-    return out
-
-
-def _multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text)."""
-    model, data, v = cfg.model, cfg.data, cfg.model.vision
-    out = []
-    if data.kind == "energon" and model.arch != "llava":
-        out.append(
-            Problem(
-                "data.kind",
-                f"'energon' feeds images, which model.arch='{model.arch}' cannot take; "
-                "use model.arch=llava with a model.vision section, or a text data.kind",
-            )
-        )
-    if model.arch != "llava" or v is None:
-        return out
-    tp = cfg.parallel.tensor_model_parallel_size
-    if data.kind != "energon":
-        out.append(
-            Problem(
-                "data.kind",
-                f"'{data.kind}' has no images; arch 'llava' trains on data.kind=energon "
-                "(prepare a dataset with `recipes data prepare` or `recipes data make-synthetic-vlm`)",
-            )
-        )
-    sizes = {
-        "model.vision.num_layers": v.num_layers,
-        "model.vision.hidden_size": v.hidden_size,
-        "model.vision.num_attention_heads": v.num_attention_heads,
-        "model.vision.patch_size": v.patch_size,
-        "model.vision.image_size": v.image_size,
-    }
-    bad = [Problem(f, f"must be at least 1, got {x}") for f, x in sizes.items() if x < 1]
-    if bad:
-        return out + bad
-    if v.image_size % v.patch_size:
-        out.append(
-            Problem(
-                "model.vision.image_size",
-                f"{v.image_size} is not a multiple of model.vision.patch_size={v.patch_size}; the "
-                "ViT cuts the image into whole patches",
-            )
-        )
-    patches = (v.image_size // v.patch_size) ** 2
-    tokens = patches + int(v.class_token)
-    if tokens >= model.seq_length:
-        need = tokens + 1
-        out.append(
-            Problem(
-                "model.seq_length",
-                f"one image takes ({v.image_size}/{v.patch_size})^2 = {patches} patches"
-                f"{' + 1 class token' if v.class_token else ''} = {tokens} positions, which leaves no "
-                f"room for text in seq_length={model.seq_length}; raise model.seq_length above "
-                f"{tokens} (e.g. {max(need, 2 * tokens)}) or use larger patches / smaller images",
-            )
-        )
-    if v.hidden_size % v.num_attention_heads:
-        out.append(
-            Problem(
-                "model.vision.num_attention_heads",
-                f"model.vision.hidden_size={v.hidden_size} is not divisible by "
-                f"num_attention_heads={v.num_attention_heads}",
-            )
-        )
-    projector = v.projector_hidden_size or model.hidden_size
-    for field, value in (
-        ("model.vision.num_attention_heads", v.num_attention_heads),
-        ("model.vision.ffn_hidden_size", v.ffn_hidden_size),
-        ("model.vision.projector_hidden_size", projector),
-    ):
-        if value % tp:
-            out.append(
-                Problem(
-                    "parallel.tensor_model_parallel_size",
-                    f"{field}={value} is not divisible by TP={tp}: the vision encoder and its "
-                    f"projector are split over the same TP group as the language model; use TP "
-                    f"in {{{_choices([t for t in _divisors(value) if model.num_attention_heads % t == 0])}}}",
-                )
-            )
-    if cfg.parallel.pipeline_model_parallel_size > 1:
-        out.append(
-            Problem(
-                "parallel.pipeline_model_parallel_size",
-                f"is {cfg.parallel.pipeline_model_parallel_size}, but arch 'llava' builds the "
-                "vision encoder, projector and language model in one pipeline stage here; set it "
-                "to 1 and scale with TP and DP",
-            )
-        )
-    unsupported = {
-        "model.num_moe_experts": model.num_moe_experts,
-        "model.multi_latent_attention": model.multi_latent_attention or None,
-        "model.mtp_num_layers": model.mtp_num_layers,
-    }
-    for field, value in unsupported.items():
-        if value:
-            out.append(
-                Problem(field, f"arch 'llava' builds a dense GPT language model; unset {field}")
-            )
-    if data.kind == "energon" and not data.tokenizer:
-        out.append(
-            Problem(
-                "data.tokenizer",
-                "data.kind='energon' tokenizes captions and questions: give the language "
-                "model's local tokenizer.json or HF tokenizer folder",
-            )
-        )
-    loader = {
-        "data.num_workers": (data.num_workers, 0),
-        "data.prefetch_factor": (data.prefetch_factor, 1),
-        "data.shuffle_buffer_size": (data.shuffle_buffer_size, 0),
-        "data.max_samples_per_sequence": (data.max_samples_per_sequence, 1),
-    }
-    for field, (value, least) in loader.items():
-        if value < least:
-            out.append(Problem(field, f"must be at least {least}, got {value}"))
     return out
 
 

@@ -1,0 +1,20 @@
+"""A checker finding, and the small helpers its messages use to list valid choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    field: str  # the dotted config path to change, e.g. parallel.tensor_model_parallel_size
+    message: str  # what is wrong, with the values involved and a fix
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choices(values: list[int], limit: int = 8) -> str:
+    """'1, 2, 4, ...': the first few valid values for a message."""
+    return ", ".join(str(v) for v in values[:limit]) + (", ..." if len(values) > limit else "")

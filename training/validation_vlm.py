@@ -1,0 +1,124 @@
+"""The checker's rules for vision-language models (arch "llava") and their Energon data."""
+
+from __future__ import annotations
+
+from training.config import TrainingConfig
+from training.finalize import Derived
+from training.hardware import Cluster
+from training.problems import Problem, choices, divisors
+
+
+def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text)."""
+    model, data, v = cfg.model, cfg.data, cfg.model.vision
+    out = []
+    if data.kind == "energon" and model.arch != "llava":
+        out.append(
+            Problem(
+                "data.kind",
+                f"'energon' feeds images, which model.arch='{model.arch}' cannot take; "
+                "use model.arch=llava with a model.vision section, or a text data.kind",
+            )
+        )
+    if model.arch != "llava" or v is None:
+        return out
+    tp = cfg.parallel.tensor_model_parallel_size
+    if data.kind != "energon":
+        out.append(
+            Problem(
+                "data.kind",
+                f"'{data.kind}' has no images; arch 'llava' trains on data.kind=energon "
+                "(prepare a dataset with `recipes data prepare` or `recipes data make-synthetic-vlm`)",
+            )
+        )
+    sizes = {
+        "model.vision.num_layers": v.num_layers,
+        "model.vision.hidden_size": v.hidden_size,
+        "model.vision.num_attention_heads": v.num_attention_heads,
+        "model.vision.patch_size": v.patch_size,
+        "model.vision.image_size": v.image_size,
+    }
+    bad = [Problem(f, f"must be at least 1, got {x}") for f, x in sizes.items() if x < 1]
+    if bad:
+        return out + bad
+    if v.image_size % v.patch_size:
+        out.append(
+            Problem(
+                "model.vision.image_size",
+                f"{v.image_size} is not a multiple of model.vision.patch_size={v.patch_size}; the "
+                "ViT cuts the image into whole patches",
+            )
+        )
+    patches = (v.image_size // v.patch_size) ** 2
+    tokens = patches + int(v.class_token)
+    if tokens >= model.seq_length:
+        need = tokens + 1
+        out.append(
+            Problem(
+                "model.seq_length",
+                f"one image takes ({v.image_size}/{v.patch_size})^2 = {patches} patches"
+                f"{' + 1 class token' if v.class_token else ''} = {tokens} positions, which leaves no "
+                f"room for text in seq_length={model.seq_length}; raise model.seq_length above "
+                f"{tokens} (e.g. {max(need, 2 * tokens)}) or use larger patches / smaller images",
+            )
+        )
+    if v.hidden_size % v.num_attention_heads:
+        out.append(
+            Problem(
+                "model.vision.num_attention_heads",
+                f"model.vision.hidden_size={v.hidden_size} is not divisible by "
+                f"num_attention_heads={v.num_attention_heads}",
+            )
+        )
+    projector = v.projector_hidden_size or model.hidden_size
+    for field, value in (
+        ("model.vision.num_attention_heads", v.num_attention_heads),
+        ("model.vision.ffn_hidden_size", v.ffn_hidden_size),
+        ("model.vision.projector_hidden_size", projector),
+    ):
+        if value % tp:
+            out.append(
+                Problem(
+                    "parallel.tensor_model_parallel_size",
+                    f"{field}={value} is not divisible by TP={tp}: the vision encoder and its "
+                    f"projector are split over the same TP group as the language model; use TP "
+                    f"in {{{choices([t for t in divisors(value) if model.num_attention_heads % t == 0])}}}",
+                )
+            )
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        out.append(
+            Problem(
+                "parallel.pipeline_model_parallel_size",
+                f"is {cfg.parallel.pipeline_model_parallel_size}, but arch 'llava' builds the "
+                "vision encoder, projector and language model in one pipeline stage here; set it "
+                "to 1 and scale with TP and DP",
+            )
+        )
+    unsupported = {
+        "model.num_moe_experts": model.num_moe_experts,
+        "model.multi_latent_attention": model.multi_latent_attention or None,
+        "model.mtp_num_layers": model.mtp_num_layers,
+    }
+    for field, value in unsupported.items():
+        if value:
+            out.append(
+                Problem(field, f"arch 'llava' builds a dense GPT language model; unset {field}")
+            )
+    if data.kind == "energon" and not data.tokenizer:
+        out.append(
+            Problem(
+                "data.tokenizer",
+                "data.kind='energon' tokenizes captions and questions: give the language "
+                "model's local tokenizer.json or HF tokenizer folder",
+            )
+        )
+    loader = {
+        "data.num_workers": (data.num_workers, 0),
+        "data.prefetch_factor": (data.prefetch_factor, 1),
+        "data.shuffle_buffer_size": (data.shuffle_buffer_size, 0),
+        "data.max_samples_per_sequence": (data.max_samples_per_sequence, 1),
+    }
+    for field, (value, least) in loader.items():
+        if value < least:
+            out.append(Problem(field, f"must be at least {least}, got {value}"))
+    return out
