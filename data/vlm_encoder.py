@@ -217,6 +217,8 @@ class VLMTaskEncoder(DefaultTaskEncoder[Sample, VLMSample, VLMBatch, VLMBatch]):
         return VLMBatch(
             __key__=[s.__key__ for s in samples],
             __restore_key__=(),
+            # Where each sample came from (dataset, shard, file names): blends and debugging.
+            __sources__=tuple(src for s in samples for src in (s.__sources__ or ())),
             images=torch.stack(images) if images else torch.zeros(0, 3, size, size),
             tokens=tokens,
             labels=labels,

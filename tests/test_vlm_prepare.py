@@ -171,3 +171,27 @@ def test_make_synthetic_vlm(tmp_path: Path) -> None:
     assert recipes_main(["data", "make-synthetic-vlm", str(out), "--samples", "20"]) == 0
     assert (out / "tokenizer.json").is_file() and (out / ".nv-meta" / "dataset.yaml").is_file()
     assert len(_shard_sources(out)) == 20
+
+
+def test_data_path_may_be_a_weighted_blend(tmp_path: Path) -> None:
+    """data.path = an Energon metadataset YAML blending prepared folders by weight."""
+    from collections import Counter
+
+    from data.energon import build_loader
+    from data.synthetic_vlm import make_synthetic_vlm
+    from recipes.registry import get
+
+    for name, seed in (("a", 1), ("b", 2)):
+        make_synthetic_vlm(tmp_path / name, samples=32, seed=seed, log=False)
+    blend = tmp_path / "blend.yaml"
+    blend.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - weight: 1\n        path: a\n      - weight: 3\n        path: b\n"
+    )
+    cfg = get("tiny_llava_pretrain").config()
+    cfg.data.path, cfg.data.tokenizer = str(blend), str(tmp_path / "a" / "tokenizer.json")
+    batches = iter(build_loader(cfg, 0, 1, num_workers=0))
+    seen = Counter()
+    for _ in range(100):
+        seen.update(source.dataset_path.name for source in next(batches).__sources__)
+    assert seen["b"] / (seen["a"] + seen["b"]) == pytest.approx(0.75, abs=0.08)
