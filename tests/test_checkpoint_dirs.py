@@ -116,3 +116,16 @@ def test_exit_signals_set_a_flag_and_restore() -> None:
         assert flags.received == signum
         flags.restore()
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_a_repeated_signal_is_the_same_request() -> None:
+    """Slurm's SIGTERM reaches a rank twice (directly and forwarded by torchrun): keep saving."""
+    from training.exit_signals import ExitSignals
+
+    flags = ExitSignals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # within the repeat window: not fatal
+        assert flags.received == signal.SIGTERM
+    finally:
+        flags.restore()

@@ -4,7 +4,9 @@ The handlers only set a flag (nothing else is safe inside a signal handler). At 
 the checkpoint hook (training/checkpoint.py) asks `ExitSignals.agreed()`: an all-reduce (MAX) of the
 flag over all ranks, so one signalled rank is enough and every rank leaves at the same step. The job
 then saves a checkpoint at that step and exits 0; the next job of the chain resumes from it. A
-second signal ends the process at once (a job that must die is not held up by a slow save).
+second signal ends the process at once (a job that must die is not held up by a slow save), unless
+it comes within REPEAT_WINDOW_S of the first: Slurm sends SIGTERM to every process and torchrun
+forwards it again, so a rank sees the same request twice in quick succession.
 
 With Slurm, ask for the signal ahead of the time limit, long enough to finish a step and a save.
 Two ways to get it to the ranks:
@@ -27,12 +29,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 EXIT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+REPEAT_WINDOW_S = 5.0  # a repeat within this window is the same request (Slurm + torchrun forwarding)
 
 
 class ExitSignals:
@@ -40,6 +44,7 @@ class ExitSignals:
 
     def __init__(self, signums: tuple[int, ...] = EXIT_SIGNALS) -> None:
         self.received: int | None = None
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}
         # Python delivers signals to the main thread only, and refuses handlers from others.
         if threading.current_thread() is threading.main_thread():
@@ -47,10 +52,14 @@ class ExitSignals:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None:  # the second one: die as if no handler were installed
-            signal.signal(signum, signal.SIG_DFL)
+        now = time.monotonic()
+        if self.received is not None:
+            if now - self._received_at < REPEAT_WINDOW_S:
+                return  # the same request delivered twice: keep saving
+            signal.signal(signum, signal.SIG_DFL)  # a later one: die as if no handler were installed
             os.kill(os.getpid(), signum)
         self.received = signum
+        self._received_at = now
 
     def agreed(self, device: torch.device) -> bool:
         """True on every rank when any rank got a signal (a collective: all ranks must call it)."""
