@@ -152,3 +152,18 @@ def test_wandb_offline(tmp_path: Path) -> None:
     with MetricsLogger(tmp_path, cfg, is_writer=True) as logger:
         logger.on_step(2, _step_metrics(2))
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
+
+
+def test_resume_drops_steps_past_the_checkpoint(tmp_path: Path) -> None:
+    """A job that died at step 5 after a checkpoint at step 3: the resumed run retrains 4 and 5."""
+    with MetricsLogger(tmp_path, _cfg(), is_writer=True) as first:
+        for step in range(1, 6):
+            first.on_step(step, _step_metrics(step))
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 6, "loss"')  # torn by the crash
+    with MetricsLogger(tmp_path, _cfg(), is_writer=True) as second:
+        second.resume_from(3)
+        for step in range(4, 8):
+            second.on_step(step, _step_metrics(step))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6, 7]

@@ -39,6 +39,8 @@ class StepLogger(Protocol):
 
     def on_step(self, step: int, metrics: dict[str, Any]) -> None: ...
 
+    def resume_from(self, step: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -142,6 +144,7 @@ class Trainer:
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint whose model and optimizer were already loaded in place."""
         self.step = int(state["step"])
+        self.logger.resume_from(self.step)  # one metrics.jsonl record per step across restarts
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
             set_rng_state(state["rng"])

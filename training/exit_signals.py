@@ -36,7 +36,9 @@ import torch
 import torch.distributed as dist
 
 EXIT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-REPEAT_WINDOW_S = 5.0  # a repeat within this window is the same request (Slurm + torchrun forwarding)
+REPEAT_WINDOW_S = (
+    5.0  # a repeat within this window is the same request (Slurm + torchrun forwarding)
+)
 
 
 class ExitSignals:
@@ -56,7 +58,9 @@ class ExitSignals:
         if self.received is not None:
             if now - self._received_at < REPEAT_WINDOW_S:
                 return  # the same request delivered twice: keep saving
-            signal.signal(signum, signal.SIG_DFL)  # a later one: die as if no handler were installed
+            signal.signal(
+                signum, signal.SIG_DFL
+            )  # a later one: die as if no handler were installed
             os.kill(os.getpid(), signum)
         self.received = signum
         self._received_at = now

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import uuid
@@ -97,6 +98,26 @@ class MetricsLogger:
             config=asdict(self.cfg),
         )
 
+    def resume_from(self, step: int) -> None:
+        """Forget records past `step`, the checkpoint a resumed run continues from.
+
+        A job that died after its last checkpoint logged steps that the resumed run trains again;
+        dropping them keeps one record per step in metrics.jsonl, so it reads as one run.
+        """
+        if not self.is_writer or self._file is None:
+            return
+        path = self.run_dir / METRICS_FILE
+        self._file.close()
+        kept = [
+            line
+            for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if _step_of(line) <= step
+        ]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+        self._file = path.open("a", encoding="utf-8")
+
     def on_step(self, step: int, metrics: dict[str, float | None]) -> None:
         """Record the metrics of global step `step` (the number of optimizer steps done)."""
         if not self.is_writer or self._closed:
@@ -170,6 +191,14 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _step_of(line: str) -> int:
+    """The step of a metrics.jsonl line; a torn last line (a crash mid-write) counts as past all."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
