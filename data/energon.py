@@ -72,6 +72,11 @@ def build_loader(
             f"data.path={data.path!r} does not exist; prepare an Energon dataset with `recipes data "
             "prepare SRC OUT` (or `recipes data make-synthetic-vlm OUT`) and point data.path at OUT"
         )
+    if not Path(data.tokenizer or "").expanduser().exists():  # once here, not in every worker
+        raise FileNotFoundError(
+            f"data.tokenizer={data.tokenizer!r} does not exist; give the language model's local "
+            "tokenizer.json or HF tokenizer folder (make-synthetic-vlm writes OUT/tokenizer.json)"
+        )
     workers = data.num_workers if num_workers is None else num_workers
     worker_config = WorkerConfig(
         rank=dp_rank, world_size=dp_size, num_workers=workers, seed_offset=data.seed

@@ -51,7 +51,7 @@ def test_shrunk_recipe_trains_on_cpu(name: str, tmp_path: Path) -> None:
 
         data = tmp_path / "vlm"
         make_synthetic_vlm(data, samples=32)
-        overrides.append(f"data.path={data}")
+        overrides += [f"data.path={data}", f"data.tokenizer={data / 'tokenizer.json'}"]
     cmd = [sys.executable, "-m", "recipes", "run", name, "--shrink", "--executor", "local"]
     cmd += [
         "--device",
