@@ -142,7 +142,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Overrides may come before or after options (`check R --gpu a100 precision=...`)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    stray = [
+        a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")
+    ]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:

@@ -15,45 +15,23 @@ an explicit pipeline_model_parallel_layout.
 from __future__ import annotations
 
 from models.deepseek import deepseek_v3
+from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import (
-    CheckpointConfig,
-    DataConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    TrainConfig,
-    TrainingConfig,
-)
+from training.config import ParallelConfig, TrainingConfig
 
 FP8_BLOCKWISE = "bf16_with_fp8_subchannel_scaling_mixed"
 MB = "Megatron-Bridge performance summary"
 
 
 def _pretrain(parallel: ParallelConfig, *, global_batch_size: int) -> TrainingConfig:
-    """What every DeepSeek-V3 recipe shares: the report's AdamW and schedule, mock data."""
+    """Every DeepSeek-V3 recipe: the report's schedule (section 4.2: AdamW (0.9, 0.95), weight
+    decay 0.1, peak lr 2.2e-4 after 2K warmup steps, decayed to 2.2e-5; 14.8T tokens are 441K steps
+    of GBS 8192 x 4096)."""
     model = deepseek_v3(seq_length=4096)  # the report pretrains at 4K and extends with YaRN later
-    model.moe_token_dispatcher_type, model.moe_grouped_gemm = "alltoall", True
     # The published runs keep experts' tensors whole (ETP 1) whatever the attention's TP is.
     parallel.expert_tensor_parallel_size = 1
-    parallel.sequence_parallel = parallel.tensor_model_parallel_size > 1
-    # Gradients reduced in BF16, as NVIDIA's performance runs do: 2 bytes per parameter less.
-    parallel.grad_reduce_in_fp32 = False
-    return TrainingConfig(
-        name="deepseek_v3_pretrain",  # the registry replaces it with the recipe's own name
-        model=model,
-        parallel=parallel,
-        # DeepSeek-V3 report, section 4.2: AdamW (0.9, 0.95), weight decay 0.1, peak lr 2.2e-4
-        # after 2K warmup steps, decayed to 2.2e-5.
-        optimizer=OptimizerConfig(lr=2.2e-4, min_lr=2.2e-5, weight_decay=0.1, adam_beta2=0.95),
-        scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
-        data=DataConfig(kind="mock"),
-        # The report's 14.8T tokens at the published GBS 8192 x 4096 tokens per step.
-        train=TrainConfig(
-            global_batch_size=global_batch_size, micro_batch_size=1, max_steps=441_000
-        ),
-        checkpoint=CheckpointConfig(save_interval=500),
+    return pretrain(
+        model, parallel, global_batch_size=global_batch_size, lr=2.2e-4, max_steps=441_000
     )
 
 

@@ -11,17 +11,9 @@ are reproduced with the distributed optimizer and without graphs, the engine's d
 from __future__ import annotations
 
 from models.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
+from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import (
-    CheckpointConfig,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    TrainConfig,
-    TrainingConfig,
-)
+from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MXFP8 = "bf16_with_mxfp8_mixed"
@@ -31,25 +23,13 @@ MB = "Megatron-Bridge performance summary"
 def _pretrain(
     model: ModelConfig, *, global_batch_size: int, micro_batch_size: int = 1, lr: float = 3e-4
 ) -> TrainingConfig:
-    """What every Llama recipe shares: AdamW, 2000 warmup steps then cosine to lr/10, mock data."""
-    return TrainingConfig(
-        name="llama_pretrain",  # the registry replaces it with the recipe's own name
-        model=model,
-        # Gradients reduced in BF16, as NVIDIA's performance runs do: 2 bytes per parameter less.
-        parallel=ParallelConfig(grad_reduce_in_fp32=False),
-        optimizer=OptimizerConfig(
-            lr=lr, min_lr=lr / 10, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95
-        ),
-        scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
-        data=DataConfig(kind="mock"),
-        # NeMo's pretraining horizon for its Llama recipes; the cosine decays over all of it.
-        train=TrainConfig(
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            max_steps=1_168_251,
-        ),
-        checkpoint=CheckpointConfig(save_interval=500),  # a few hours apart at the published speeds
+    """Every Llama recipe: recipes.base.pretrain over NeMo's horizon; `_layout` sets the layout."""
+    return pretrain(
+        model,
+        ParallelConfig(),
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        lr=lr,
     )
 
 

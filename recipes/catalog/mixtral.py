@@ -9,17 +9,9 @@ run on other hardware or precision changed. CUDA graphs used on Blackwell are le
 from __future__ import annotations
 
 from models.mixtral import mixtral_8x7b
+from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import (
-    CheckpointConfig,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    TrainConfig,
-    TrainingConfig,
-)
+from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 NEMO = "NeMo performance summary (recommended_model_configs"
@@ -32,27 +24,13 @@ def _pretrain(
     global_batch_size: int,
     micro_batch_size: int = 1,
 ) -> TrainingConfig:
-    """What every Mixtral recipe shares: AdamW at 3e-4, 2000 warmup steps then cosine, mock data."""
-    # Experts exchange tokens with alltoall on GPUs; grouped GEMM runs all local experts at once.
-    model.moe_token_dispatcher_type, model.moe_grouped_gemm = "alltoall", True
-    parallel.sequence_parallel = parallel.tensor_model_parallel_size > 1
-    # Gradients reduced in BF16, as NVIDIA's performance runs do: 2 bytes per parameter less.
-    parallel.grad_reduce_in_fp32 = False
-    return TrainingConfig(
-        name="mixtral_pretrain",  # the registry replaces it with the recipe's own name
-        model=model,
-        parallel=parallel,
-        optimizer=OptimizerConfig(lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta2=0.95),
-        scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
-        data=DataConfig(kind="mock"),
-        # NeMo's pretraining horizon for its Mixtral recipes; the cosine decays over all of it.
-        train=TrainConfig(
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            max_steps=1_168_251,
-        ),
-        checkpoint=CheckpointConfig(save_interval=500),
+    """Every Mixtral recipe: recipes.base.pretrain's AdamW at 3e-4 over NeMo's horizon."""
+    return pretrain(
+        model,
+        parallel,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        min_lr=3e-5,
     )
 
 

@@ -10,17 +10,9 @@ CUDA graphs; these recipes use the alltoall dispatcher and no graphs, the engine
 from __future__ import annotations
 
 from models.qwen import qwen3_30b_a3b
+from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import (
-    CheckpointConfig,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    TrainConfig,
-    TrainingConfig,
-)
+from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MB = "Megatron-Bridge performance summary"
@@ -33,26 +25,14 @@ def _pretrain(
     global_batch_size: int,
     micro_batch_size: int = 1,
 ) -> TrainingConfig:
-    """What every Qwen3 MoE recipe shares: AdamW at 3e-4, 2000 warmup steps then cosine, mock data."""
-    model.moe_token_dispatcher_type, model.moe_grouped_gemm = "alltoall", True
-    parallel.sequence_parallel = parallel.tensor_model_parallel_size > 1
-    # Gradients reduced in BF16, as NVIDIA's performance runs do: 2 bytes per parameter less.
-    parallel.grad_reduce_in_fp32 = False
-    return TrainingConfig(
-        name="qwen3_pretrain",  # the registry replaces it with the recipe's own name
-        model=model,
-        parallel=parallel,
-        optimizer=OptimizerConfig(lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta2=0.95),
-        scheduler=SchedulerConfig(warmup_steps=2000, decay_style="cosine"),
-        # Mock tokens measure speed; set data.kind=indexed, data.path and data.tokenizer to learn.
-        data=DataConfig(kind="mock"),
-        # About 1.3T tokens at the published GBS 1024 x 4096; the cosine decays over all of it.
-        train=TrainConfig(
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            max_steps=300_000,
-        ),
-        checkpoint=CheckpointConfig(save_interval=500),
+    """Every Qwen3 MoE recipe: AdamW at 3e-4; 300K steps, about 1.3T tokens at GBS 1024 x 4096."""
+    return pretrain(
+        model,
+        parallel,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        min_lr=3e-5,
+        max_steps=300_000,
     )
 
 
