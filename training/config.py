@@ -142,7 +142,7 @@ class SchedulerConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    kind: str = "mock"  # "mock", "indexed" (Megatron .bin/.idx blends), "sft" or "energon"
+    kind: str = "mock"  # "mock", "indexed" (Megatron .bin/.idx blends) or "energon" (multimodal)
     # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; energon: a prepared folder or blend file.
     path: Optional[str] = None
     split: str = "969,30,1"  # train, validation, test weights of an indexed blend
@@ -150,7 +150,7 @@ class DataConfig:
     tokenizer: Optional[str] = None
     num_workers: int = 2
     seed: int = 1234
-    # SFT and Energon: pack several samples into one sequence instead of padding each.
+    # Energon: pack several samples into one sequence instead of padding each.
     sequence_packing: bool = False
     # Energon loader
     shuffle_buffer_size: int = 100

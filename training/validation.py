@@ -377,7 +377,7 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         "optimizer.optimizer": (opt.optimizer, ("adam", "sgd")),
         "scheduler.decay_style": (sched.decay_style, ("cosine", "linear", "constant", "wsd")),
         "scheduler.wsd_decay_style": (sched.wsd_decay_style, ("linear", "cosine", "exponential")),
-        "data.kind": (data.kind, ("mock", "indexed", "sft", "energon")),
+        "data.kind": (data.kind, ("mock", "indexed", "energon")),
         "train.device": (train.device, ("auto", "cuda", "cpu")),
         "checkpoint.dist_optimizer_sharding": (
             ckpt.dist_optimizer_sharding,
@@ -410,9 +410,9 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "the 'wsd' schedule needs the length of its decay phase",
             )
         )
-    if data.kind in ("indexed", "sft", "energon") and not data.path:
+    if data.kind in ("indexed", "energon") and not data.path:
         out.append(Problem("data.path", f"data.kind='{data.kind}' needs a path to the dataset"))
-    if data.kind in ("indexed", "sft") and not data.tokenizer:
+    if data.kind == "indexed" and not data.tokenizer:
         out.append(
             Problem(
                 "data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"
