@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from data.vlm_encoder import EncoderConfig, VLMBatch, VLMTaskEncoder
+from training.batches import on_device
 from training.config import TrainingConfig
 from training.finalize import Derived
 
@@ -137,10 +138,7 @@ class EnergonBatches:
         self.consumed_samples += self.global_batch_size
         if self._log is not None:
             self._write_keys(batches)
-        micro = [to_dict(b) for b in batches]
-        if self.device == "cuda":
-            micro = [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
-        return micro
+        return on_device([to_dict(b) for b in batches], self.device)
 
     def _write_keys(self, batches: list[VLMBatch]) -> None:
         step = self.consumed_samples // self.global_batch_size

@@ -22,6 +22,13 @@ from training.config import TrainingConfig
 from training.finalize import Derived
 
 
+def on_device(micro: list[dict[str, torch.Tensor]], device: str) -> list[dict[str, torch.Tensor]]:
+    """A step's microbatches on the training device (the CPU mode uses them where they are)."""
+    if device != "cuda":
+        return micro
+    return [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
+
+
 def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
     """The training split for cfg.data.kind, holding at least `num_samples` samples.
 
@@ -110,9 +117,7 @@ class TrainBatches:
         """This rank's microbatches of the next global batch, on the training device."""
         micro = [next(self._loader) for _ in range(self.num_microbatches)]
         self.consumed_samples += self.global_batch_size
-        if self.device == "cuda":
-            micro = [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
-        return micro
+        return on_device(micro, self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {"consumed_samples": self.consumed_samples}
