@@ -46,8 +46,9 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
         return train
     if kind == "energon":
         return None  # Energon's loader is its own dataset: data/energon.py EnergonBatches
-    raise NotImplementedError(
-        f"data.kind={kind!r} is not wired into the training engine yet; use 'mock' or 'indexed'"
+    # The checker refuses any other kind before a rank starts; this guards direct callers.
+    raise ValueError(
+        f"data.kind={kind!r} has no batch source in the engine; use 'mock', 'indexed' or 'energon'"
     )
 
 
