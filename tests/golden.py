@@ -23,7 +23,11 @@ def resolved_recipe_yaml(name: str) -> str:
     derived = finalize(cfg, recipe.cluster)
     doc = {
         "recipe": name,
-        "cluster": {"num_nodes": recipe.cluster.num_nodes, "gpus_per_node": recipe.cluster.gpus_per_node, "gpu": recipe.cluster.gpu},
+        "cluster": {
+            "num_nodes": recipe.cluster.num_nodes,
+            "gpus_per_node": recipe.cluster.gpus_per_node,
+            "gpu": recipe.cluster.gpu,
+        },
         "source": recipe.source,
         "config": to_dict(cfg),
         "derived": {
@@ -40,7 +44,9 @@ def resolved_recipe_yaml(name: str) -> str:
 
 
 def recipe_goldens() -> dict[Path, str]:
-    return {GOLDEN / "recipes" / f"{name}.yaml": resolved_recipe_yaml(name) for name in all_recipes()}
+    return {
+        GOLDEN / "recipes" / f"{name}.yaml": resolved_recipe_yaml(name) for name in all_recipes()
+    }
 
 
 def all_goldens() -> dict[Path, str]:

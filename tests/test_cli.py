@@ -12,7 +12,9 @@ from recipes.registry import all_recipes
 
 
 def recipes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipes", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_list_shows_every_recipe() -> None:
@@ -44,28 +46,61 @@ def test_check_json_fields() -> None:
     out = recipes("check", "llama3_8b_pretrain", "--json")
     report = json.loads(out.stdout)
     assert out.returncode == 0
-    for key in ("valid", "errors", "world_size", "data_parallel_size", "memory_gib_per_gpu", "gpu_memory_gib", "model_tflops_per_token"):
+    for key in (
+        "valid",
+        "errors",
+        "world_size",
+        "data_parallel_size",
+        "memory_gib_per_gpu",
+        "gpu_memory_gib",
+        "model_tflops_per_token",
+    ):
         assert key in report
     assert report["valid"] is True and report["errors"] == []
     assert report["memory_gib_per_gpu"] < report["gpu_memory_gib"]
 
 
 def test_context_parallel_on_one_gpu() -> None:
-    out = recipes("check", "llama3_8b_pretrain", "parallel.context_parallel_size=2", "--nodes", "1", "--gpus-per-node", "1")
+    out = recipes(
+        "check",
+        "llama3_8b_pretrain",
+        "parallel.context_parallel_size=2",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+    )
     assert out.returncode == 2
     assert "parallel.context_parallel_size" in out.stdout and "world size 1" in out.stdout
 
 
 def test_70b_over_three_pipeline_stages() -> None:
-    out = recipes("check", "llama3_70b_pretrain", "parallel.pipeline_model_parallel_size=3", "--nodes", "12", "--json")
+    out = recipes(
+        "check",
+        "llama3_70b_pretrain",
+        "parallel.pipeline_model_parallel_size=3",
+        "--nodes",
+        "12",
+        "--json",
+    )
     assert out.returncode == 2
     errors = json.loads(out.stdout)["errors"]
-    layer_errors = [e for e in errors if e["field"] == "parallel.pipeline_model_parallel_size" and "num_layers=80" in e["message"]]
+    layer_errors = [
+        e
+        for e in errors
+        if e["field"] == "parallel.pipeline_model_parallel_size" and "num_layers=80" in e["message"]
+    ]
     assert layer_errors, errors
 
 
 def test_fp8_on_a100() -> None:
-    out = recipes("check", "llama3_8b_pretrain", "--gpu", "a100", "precision=bf16_with_fp8_current_scaling_mixed")
+    out = recipes(
+        "check",
+        "llama3_8b_pretrain",
+        "--gpu",
+        "a100",
+        "precision=bf16_with_fp8_current_scaling_mixed",
+    )
     assert out.returncode == 2
     assert "precision" in out.stdout and "A100" in out.stdout and "FP8" in out.stdout
 
@@ -73,7 +108,9 @@ def test_fp8_on_a100() -> None:
 def test_misspelled_field_gets_a_suggestion() -> None:
     out = recipes("check", "llama3_8b_pretrain", "parallel.tensor_parallel_size=2")
     assert out.returncode == 2
-    assert "parallel.tensor_parallel_size" in out.stderr and "tensor_model_parallel_size" in out.stderr
+    assert (
+        "parallel.tensor_parallel_size" in out.stderr and "tensor_model_parallel_size" in out.stderr
+    )
 
 
 def test_misspelled_field_json() -> None:
@@ -92,14 +129,25 @@ NO_MODEL_PARALLEL = [
 
 
 def test_70b_on_8_gpus_does_not_fit() -> None:
-    out = recipes("check", "llama3_70b_pretrain", "--nodes", "1", "--gpus-per-node", "8", *NO_MODEL_PARALLEL)
+    out = recipes(
+        "check", "llama3_70b_pretrain", "--nodes", "1", "--gpus-per-node", "8", *NO_MODEL_PARALLEL
+    )
     assert out.returncode == 3, out.stdout + out.stderr
     assert "DOES NOT FIT" in out.stdout and "GiB" in out.stdout
     assert "predicted to fit with:" in out.stdout  # what would make it fit
 
 
 def test_70b_on_8_gpus_json() -> None:
-    out = recipes("check", "llama3_70b_pretrain", "--nodes", "1", "--gpus-per-node", "8", *NO_MODEL_PARALLEL, "--json")
+    out = recipes(
+        "check",
+        "llama3_70b_pretrain",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        *NO_MODEL_PARALLEL,
+        "--json",
+    )
     report = json.loads(out.stdout)
     assert out.returncode == 3
     assert report["valid"] is True and report["fits"] is False
@@ -117,10 +165,10 @@ def test_fast_path_imports_no_torch(command: str) -> None:
     """`list` and `check` must answer at once on a login node: no torch, Megatron-Core or NeMo-Run."""
     args = ["list"] if command == "list" else ["check", "llama31_405b_pretrain"]
     code = (
-        "import sys, runpy; sys.argv = ['recipes', *%r]\n"
+        f"import sys, runpy; sys.argv = ['recipes', *{args!r}]\n"
         "try:\n    runpy.run_module('recipes', run_name='__main__')\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('torch', 'megatron', 'nemo_run', 'fiddle') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
-    ) % (args,)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr

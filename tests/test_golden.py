@@ -12,9 +12,13 @@ GOLDENS = all_goldens()
 @pytest.mark.parametrize("path", sorted(GOLDENS), ids=lambda p: str(p.relative_to(GOLDEN)))
 def test_matches_golden(path) -> None:
     assert path.exists(), f"{path} is missing: run `make golden`"
-    assert path.read_text() == GOLDENS[path], f"{path.name} differs from the code: review, then `make golden`"
+    assert path.read_text() == GOLDENS[path], (
+        f"{path.name} differs from the code: review, then `make golden`"
+    )
 
 
 def test_no_stale_goldens() -> None:
     on_disk = {p for p in GOLDEN.rglob("*") if p.is_file()}
-    assert on_disk <= set(GOLDENS), f"stale golden files: {sorted(on_disk - set(GOLDENS))}; run `make golden`"
+    assert on_disk <= set(GOLDENS), (
+        f"stale golden files: {sorted(on_disk - set(GOLDENS))}; run `make golden`"
+    )

@@ -165,5 +165,7 @@ def test_resume_drops_steps_past_the_checkpoint(tmp_path: Path) -> None:
         second.resume_from(3)
         for step in range(4, 8):
             second.on_step(step, _step_metrics(step))
-    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2, 3, 4, 5, 6, 7]
