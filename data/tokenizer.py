@@ -102,11 +102,18 @@ class LocalTokenizer:
             return list(self._backend(text)["input_ids"])
         return self._backend.encode(text).ids
 
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        """Many texts at once (the `tokenizers` backend spreads a batch over threads)."""
+    def tokenize_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Many texts at once (the `tokenizers` backend spreads a batch over threads).
+
+        `add_special_tokens=False` leaves out the tokenizer's own BOS and the like: for text that
+        continues another (an SFT response after its prompt)."""
         if self._is_transformers:
-            return [list(ids) for ids in self._backend(texts)["input_ids"]]
-        return [enc.ids for enc in self._backend.encode_batch(texts)]
+            encoded = self._backend(texts, add_special_tokens=add_special_tokens)
+            return [list(ids) for ids in encoded["input_ids"]]
+        return [
+            enc.ids
+            for enc in self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        ]
 
     def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

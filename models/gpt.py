@@ -157,6 +157,7 @@ def build_chunks(
     """This rank's model chunks (one per virtual pipeline stage), not yet wrapped or moved."""
     m = cfg.model
     backend = choose_backend(device)
+    masked = cfg.data.kind == "sft" and cfg.data.sequence_packing  # block-diagonal masks
     num_chunks = chunks_per_rank(cfg, derived)
     chunks = []
     for vp_stage in range(num_chunks):
@@ -165,7 +166,9 @@ def build_chunks(
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=decoder_block_spec(config, backend, m.normalization, stage),
+            transformer_layer_spec=decoder_block_spec(
+                config, backend, m.normalization, stage, masked
+            ),
             vocab_size=derived.padded_vocab_size,
             max_sequence_length=m.seq_length,
             pre_process=pre,
@@ -173,7 +176,7 @@ def build_chunks(
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
             position_embedding_type=m.position_embedding_type,
             rotary_base=m.rotary_base,
-            mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage),
+            mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage, masked),
             vp_stage=stage,
         )
         chunks.append(model)

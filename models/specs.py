@@ -132,30 +132,57 @@ def _sdpa_can_run(config: TransformerConfig) -> bool:
     return config.softmax_type == "vanilla" and config.window_size is None
 
 
-def _swap_core_attention(layer_specs: list[Any], cls: type) -> None:
+def _swap_core_attention(
+    config: TransformerConfig, layer_specs: list[Any], backend: str, masked: bool
+) -> None:
+    """SDPA as the core attention without TE, and in every layer when rows carry their own mask.
+
+    Packed SFT rows (data/sft.py) hold several samples under a block-diagonal attention mask.
+    TE's causal attention would ignore that mask, so with `masked` the TE layers take the SDPA
+    core attention too (their linear layers, FP8 included, stay TE's).
+    """
+    if not _sdpa_can_run(config):
+        if masked:
+            raise ValueError(
+                "packed SFT rows need the SDPA core attention, which has no sliding window or "
+                "non-vanilla softmax; set data.sequence_packing=false"
+            )
+        return  # the spec's own attention
+    if backend == "te" and not masked:
+        return
     for spec in layer_specs:
         attention = spec.submodules.self_attention.submodules
-        if attention.core_attention is DotProductAttention:
-            attention.core_attention = cls
+        if masked or attention.core_attention is DotProductAttention:
+            attention.core_attention = SdpaAttention
 
 
 def decoder_block_spec(
-    config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None
+    config: TransformerConfig,
+    backend: str,
+    normalization: str,
+    vp_stage: int | None,
+    masked: bool = False,
 ) -> TransformerBlockSubmodules:
-    """The layers of one pipeline chunk (dense or MoE per config.moe_layer_freq)."""
+    """The layers of one pipeline chunk (dense or MoE per config.moe_layer_freq).
+
+    `masked`: batches carry an explicit attention mask (packed SFT), see `_swap_core_attention`.
+    """
     spec = get_gpt_decoder_block_spec(
         config,
         use_transformer_engine=backend == "te",
         normalization=normalization,
         vp_stage=vp_stage,
     )
-    if backend == "sdpa" and _sdpa_can_run(config):
-        _swap_core_attention(spec.layer_specs, SdpaAttention)
+    _swap_core_attention(config, spec.layer_specs, backend, masked)
     return spec
 
 
 def mtp_block_spec(
-    config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None
+    config: TransformerConfig,
+    backend: str,
+    normalization: str,
+    vp_stage: int | None,
+    masked: bool = False,
 ) -> Any:
     """Multi-token-prediction layers of the chunk that holds them (None elsewhere).
 
@@ -167,8 +194,7 @@ def mtp_block_spec(
     last_layer = get_gpt_decoder_layer_specs(
         config, use_transformer_engine=backend == "te", normalization=normalization
     )[-1]
-    if backend == "sdpa" and _sdpa_can_run(config):
-        _swap_core_attention([last_layer], SdpaAttention)
+    _swap_core_attention(config, [last_layer], backend, masked)
     return get_gpt_mtp_block_spec(
         config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage
     )

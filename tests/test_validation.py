@@ -158,6 +158,19 @@ INVALID = [
     (["data.kind=indexed"], None, "data.path"),
     (["data.kind=indexed", "data.path=/data/x"], None, "data.tokenizer"),
     (["data.kind=parquet"], None, "data.kind"),
+    (["data.kind=sft", "data.tokenizer=/t.json"], None, "data.path"),
+    (["data.kind=sft", "data.path=/data/x.jsonl"], None, "data.tokenizer"),
+    (
+        [
+            "data.kind=sft",
+            "data.path=/data/x.jsonl",
+            "data.tokenizer=/t.json",
+            "data.sequence_packing=true",
+            "parallel.context_parallel_size=2",
+        ],
+        None,
+        "data.sequence_packing",
+    ),
     (["train.device=tpu"], None, "train.device"),
     (["train.max_steps=0"], None, "train.max_steps"),
     (["checkpoint.save_interval=0"], None, "checkpoint.save_interval"),
@@ -317,8 +330,10 @@ def test_uneven_layers_get_a_balanced_layout() -> None:
     assert validate(cfg, cluster) == []
 
 
-def test_text_sft_data_is_refused_before_launch() -> None:
-    """SFT on text is not wired into the engine yet: the checker says so instead of the job."""
+def test_text_sft_data_passes_with_a_path_and_a_tokenizer() -> None:
+    """data.kind=sft, packed or not, is a valid config once it names its JSONL and tokenizer."""
     cfg = llama_like()
-    apply_overrides(cfg, ["data.kind=sft", "data.path=/data/x", "data.tokenizer=/t.json"])
-    assert "data.kind" in fields(cfg)
+    apply_overrides(cfg, ["data.kind=sft", "data.path=/data/x.jsonl", "data.tokenizer=/t.json"])
+    assert validate(cfg, H100x8) == []
+    apply_overrides(cfg, ["data.sequence_packing=true"])
+    assert validate(cfg, H100x8) == []

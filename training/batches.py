@@ -44,11 +44,17 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
 
         train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
         return train
+    if kind == "sft":  # prompt/response pairs, loss on the response: data/sft.py
+        from data.sft import build_sft_dataset
+        from data.tokenizer import build_tokenizer
+
+        return build_sft_dataset(cfg, build_tokenizer(cfg), num_samples)
     if kind == "energon":
         return None  # Energon's loader is its own dataset: data/energon.py EnergonBatches
     # The checker refuses any other kind before a rank starts; this guards direct callers.
     raise ValueError(
-        f"data.kind={kind!r} has no batch source in the engine; use 'mock', 'indexed' or 'energon'"
+        f"data.kind={kind!r} has no batch source in the engine; use 'mock', 'indexed', 'sft' or "
+        "'energon'"
     )
 
 

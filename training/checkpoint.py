@@ -3,7 +3,8 @@
 `CheckpointHook(cfg, run_dir, device)` saves every `checkpoint.save_interval` steps and when training
 ends (train.max_steps, train.exit_duration_minutes, or an exit signal); `resume(trainer)` continues
 from the newest complete checkpoint in `checkpoint.save_dir` (default `<run_dir>/checkpoints`), else
-in `checkpoint.load_dir`, and prints `resumed from <path> at step N`. That is what makes Slurm job
+in `checkpoint.load_dir`, and prints `resumed from <path> at step N`; with neither, a fine-tuning
+run takes only the model weights of `checkpoint.pretrained_dir`. That is what makes Slurm job
 chains and requeues work: every job of a chain runs the same command and carries on where the last
 complete checkpoint left off. A resume is exact: the same losses as an uninterrupted run, bitwise on
 the CPU (tests/smoke/test_checkpoint.py), because model, optimizer, LR schedule, every RNG and the
@@ -87,9 +88,14 @@ class CheckpointHook:
         return path
 
     def resume(self, trainer: Any) -> Path | None:
-        """Load the newest complete checkpoint into `trainer`, if there is one; returns its folder."""
+        """Load the newest complete checkpoint into `trainer`, if there is one; returns its folder.
+
+        With none to resume from, a fine-tuning run takes the weights of checkpoint.pretrained_dir.
+        """
         path = self.find_resume_point()
         if path is None:
+            if self.cfg.checkpoint.pretrained_dir:
+                self._load_pretrained(trainer, Path(self.cfg.checkpoint.pretrained_dir))
             return None
         saved = dirs.read_state(path)
         ckpt_state.check_compatible(self.cfg, path, saved)
@@ -112,6 +118,24 @@ class CheckpointHook:
                 print(f"checkpoint: the config differs from the one that saved {path}", flush=True)
             print(f"resumed from {path} at step {trainer.step}", flush=True)
         return path
+
+    def _load_pretrained(self, trainer: Any, folder: Path) -> None:
+        """Model weights only from a complete checkpoint (or a folder whose latest one is)."""
+        path = folder if dirs.is_complete(folder) else dirs.latest_checkpoint(folder)
+        if path is None:
+            raise FileNotFoundError(
+                f"checkpoint.pretrained_dir={str(folder)!r} is not a complete checkpoint (an "
+                f"iter_XXXXXXX folder with {dirs.STATE_FILE}) and holds none; fix the path"
+            )
+        try:
+            ckpt_state.load_model_weights(trainer, path)
+        except Exception as err:  # Megatron's own errors name tensors, not the setting
+            raise ValueError(
+                f"checkpoint.pretrained_dir={str(folder)!r}: the weights in {path} do not fit this "
+                f"model ({type(err).__name__}: {err}); it must come from the same architecture"
+            ) from err
+        if self.rank == 0:
+            print(f"loaded pretrained weights from {path}; training starts at step 0", flush=True)
 
     # --- the hook -----------------------------------------------------------------------------
     def after_step(self, trainer: Any) -> None:

@@ -127,6 +127,20 @@ def load_model_and_optimizer(trainer: Any, folder: Path, sharding: str) -> None:
     _restore_adam_steps(trainer.optimizer)
 
 
+def load_model_weights(trainer: Any, folder: Path) -> None:
+    """Only the model weights from `folder` (fine-tuning), then the optimizer's copies of them.
+
+    dist_checkpointing stores global tensors, so the weights load into any TP/PP layout. The
+    optimizer built its FP32 main weights from the random initialisation: reload them, or the
+    first step would write those back over the pretrained weights.
+    """
+    state = {key: chunk.sharded_state_dict() for key, chunk in model_chunks(trainer).items()}
+    loaded = dist_checkpointing.load(state, str(folder))
+    for key, chunk in model_chunks(trainer).items():
+        chunk.load_state_dict(loaded[key])
+    trainer.optimizer.reload_model_params()
+
+
 def rng_file(folder: Path, rank: int) -> Path:
     return folder / "rng" / f"rank_{rank:05d}.pt"
 

@@ -142,15 +142,18 @@ class SchedulerConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    kind: str = "mock"  # "mock", "indexed" (Megatron .bin/.idx blends) or "energon" (multimodal)
-    # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; energon: a prepared folder or blend file.
+    # "mock", "indexed" (Megatron .bin/.idx blends), "sft" (prompt/response JSONL, loss on the
+    # response) or "energon" (multimodal)
+    kind: str = "mock"
+    # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; sft: a JSONL file; energon: a prepared
+    # folder or blend file.
     path: Optional[str] = None
     split: str = "969,30,1"  # train, validation, test weights of an indexed blend
     # A local tokenizer.json or HF tokenizer folder; None uses a null tokenizer (mock data only).
     tokenizer: Optional[str] = None
     num_workers: int = 2
     seed: int = 1234
-    # Energon: pack several samples into one sequence instead of padding each.
+    # SFT and Energon: pack several samples into one sequence instead of padding each.
     sequence_packing: bool = False
     # Energon loader
     shuffle_buffer_size: int = 100
@@ -180,6 +183,10 @@ class CheckpointConfig:
     keep_last: int = 3  # older complete checkpoints are removed; 0 keeps every one
     async_save: bool = True  # GPUs only; the CPU saves synchronously
     load_dir: Optional[str] = None  # resume from here; None means save_dir
+    # Fine-tuning: a complete checkpoint (a run's checkpoints folder or one iter_XXXXXXX) whose
+    # model weights start a fresh run; its step, optimizer and data position are not taken. Used
+    # only when neither save_dir nor load_dir holds a checkpoint, so a requeued job resumes instead.
+    pretrained_dir: Optional[str] = None
     # Megatron-Core's resharding strategy for the distributed optimizer's state.
     dist_optimizer_sharding: str = "dp_reshardable"
 

@@ -55,7 +55,13 @@ def forward_step(
 
         return llava_forward_step(batch, model, loss_func)
     # With labels, GPTModel returns the per-token cross-entropy [b, s] (vocab-parallel over TP).
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # Packed SFT rows carry a block-diagonal attention mask (data/sft.py); other rows are causal.
+    output = model(
+        batch["tokens"],
+        batch["position_ids"],
+        batch.get("attention_mask"),
+        labels=batch["labels"],
+    )
     return output, partial(loss_func, batch["loss_mask"])
 
 

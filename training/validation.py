@@ -377,7 +377,7 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         "optimizer.optimizer": (opt.optimizer, ("adam", "sgd")),
         "scheduler.decay_style": (sched.decay_style, ("cosine", "linear", "constant", "wsd")),
         "scheduler.wsd_decay_style": (sched.wsd_decay_style, ("linear", "cosine", "exponential")),
-        "data.kind": (data.kind, ("mock", "indexed", "energon")),
+        "data.kind": (data.kind, ("mock", "indexed", "sft", "energon")),
         "train.device": (train.device, ("auto", "cuda", "cpu")),
         "checkpoint.dist_optimizer_sharding": (
             ckpt.dist_optimizer_sharding,
@@ -410,12 +410,22 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "the 'wsd' schedule needs the length of its decay phase",
             )
         )
-    if data.kind in ("indexed", "energon") and not data.path:
+    if data.kind in ("indexed", "sft", "energon") and not data.path:
         out.append(Problem("data.path", f"data.kind='{data.kind}' needs a path to the dataset"))
-    if data.kind == "indexed" and not data.tokenizer:
+    if data.kind in ("indexed", "sft") and not data.tokenizer:
         out.append(
             Problem(
                 "data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"
+            )
+        )
+    if data.kind == "sft" and data.sequence_packing and cfg.parallel.context_parallel_size > 1:
+        out.append(
+            Problem(
+                "data.sequence_packing",
+                "packed SFT rows keep their samples apart with an explicit attention mask, which "
+                f"has no context-parallel form here (parallel.context_parallel_size="
+                f"{cfg.parallel.context_parallel_size}); set data.sequence_packing=false or "
+                "parallel.context_parallel_size=1",
             )
         )
     if ckpt.save_interval < 1:

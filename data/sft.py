@@ -1,0 +1,242 @@
+"""Supervised fine-tuning on text (data.kind=sft): JSONL prompt/response pairs, loss on the response.
+
+Input: `data.path`, a JSONL file (or `.jsonl.gz`) with one object per line holding `prompt` and
+`response` (or `input` and `output`), both strings. A sample's tokens are the prompt as the
+tokenizer encodes a text (with its own BOS, as Llama 3's adds), the response without special
+tokens, and eod; only the response and the closing eod carry loss, so the model learns to answer
+rather than to repeat the question. A pair longer than model.seq_length + 1 tokens
+loses the end of its response; one whose prompt leaves no room for a response token is skipped, and
+the count is printed on the first rank.
+
+Rows: without `data.sequence_packing` every sample is one row, padded to seq_length (the pad carries
+no loss and comes after the text, so causal attention never lets the text see it). With packing,
+whole samples fill rows first-fit; position ids restart at each sample and each row carries a
+block-diagonal causal `attention_mask` (Megatron's convention: True = masked out) that keeps every
+sample to itself, so a packed row trains as its samples would one by one. The padding tail of a row
+is a block of its own: a query that may attend to nothing would turn into NaN.
+
+Order: the pairs are shuffled with data.seed, then packed, then the rows are visited epoch after
+epoch, each epoch in its own seeded order. Index i is always the same row, so resuming from
+`consumed_samples` continues with exactly the rows an uninterrupted run would see.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+PROMPT_KEYS = ("prompt", "input")
+RESPONSE_KEYS = ("response", "output")
+BATCH = 512  # pairs per tokenizer call
+
+
+class SFTDataError(ValueError):
+    """A line of data.path that is not a prompt/response pair."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One tokenized sample: its ids and how many of them (from the start) carry no loss."""
+
+    ids: np.ndarray  # int32: a Python int per token would not fit a large SFT set in memory
+    prompt_len: int
+
+
+def _open(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def _pick(obj: dict, keys: Sequence[str], path: Path, line: int) -> str:
+    for key in keys:
+        if key in obj:
+            value = obj[key]
+            if not isinstance(value, str):
+                raise SFTDataError(
+                    f"{path}:{line}: {key!r} must be a string, not {type(value).__name__}"
+                )
+            return value
+    raise SFTDataError(
+        f"{path}:{line}: no {' or '.join(map(repr, keys))} key; each line of data.path must be "
+        '{"prompt": "...", "response": "..."} (or "input"/"output")'
+    )
+
+
+def read_pairs(path: str | Path) -> Iterator[tuple[str, str]]:
+    """(prompt, response) of every non-blank line; a bad line is an error naming file and line."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"data.path={str(path)!r} is not a file; data.kind=sft reads a JSONL file of "
+            '{"prompt": ..., "response": ...} lines'
+        )
+    with _open(p) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SFTDataError(f"{p}:{number}: not JSON ({err.msg})") from None
+            if not isinstance(obj, dict):
+                raise SFTDataError(f"{p}:{number}: a line must be a JSON object")
+            yield _pick(obj, PROMPT_KEYS, p, number), _pick(obj, RESPONSE_KEYS, p, number)
+
+
+def tokenize_pairs(
+    pairs: Iterator[tuple[str, str]], tokenizer: Any, max_tokens: int
+) -> tuple[list[Pair], int]:
+    """Token ids of every pair, cut to `max_tokens`; also how many pairs had no room to answer."""
+    out: list[Pair] = []
+    skipped = 0
+    batch: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        nonlocal skipped
+        prompts = tokenizer.tokenize_batch([p for p, _ in batch])
+        responses = tokenizer.tokenize_batch([r for _, r in batch], add_special_tokens=False)
+        for prompt, response in zip(prompts, responses, strict=True):
+            if len(prompt) >= max_tokens:
+                skipped += 1
+                continue
+            ids = (list(prompt) + list(response) + [tokenizer.eod])[:max_tokens]
+            out.append(Pair(np.asarray(ids, dtype=np.int32), len(prompt)))
+        batch.clear()
+
+    for pair in pairs:
+        batch.append(pair)
+        if len(batch) == BATCH:
+            flush()
+    if batch:
+        flush()
+    return out, skipped
+
+
+def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices of samples per row, first-fit in the given order; every row holds <= capacity."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for index, length in enumerate(lengths):
+        for r, room in enumerate(free):
+            if length <= room:
+                rows[r].append(index)
+                free[r] -= length
+                break
+        else:
+            rows.append([index])
+            free.append(capacity - length)
+    return rows
+
+
+def block_causal_mask(segments: Sequence[int]) -> torch.Tensor:
+    """[1, s, s] bool, True where attention is masked: causal within each segment, none across."""
+    s = sum(segments)
+    owner = torch.repeat_interleave(
+        torch.arange(len(segments)), torch.tensor(list(segments), dtype=torch.long)
+    )
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    allowed = causal & (owner[:, None] == owner[None, :])
+    return (~allowed).unsqueeze(0)
+
+
+class SFTDataset(Dataset):
+    """Rows of `seq_length` tokens with labels, loss mask and position ids (and a mask if packed)."""
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: Any,
+        *,
+        seq_length: int,
+        num_samples: int,
+        packing: bool,
+        seed: int,
+    ) -> None:
+        self.seq_length = seq_length
+        self.packing = packing
+        self.pad = tokenizer.eod  # any valid id: pad positions carry no loss
+        # A sample of n ids gives n - 1 (input, label) positions; a row holds seq_length of them.
+        pairs, self.skipped = tokenize_pairs(read_pairs(path), tokenizer, seq_length + 1)
+        if not pairs:
+            raise SFTDataError(
+                f"data.path={path!r} holds no usable prompt/response pair "
+                f"({self.skipped} prompts leave no room for a response within "
+                f"model.seq_length={seq_length}); raise model.seq_length or shorten the prompts"
+            )
+        order = np.random.default_rng(seed).permutation(len(pairs))
+        self.pairs = [pairs[i] for i in order]
+        if packing:
+            self.rows = pack([len(p.ids) - 1 for p in self.pairs], seq_length)
+        else:
+            self.rows = [[i] for i in range(len(self.pairs))]
+        self.epochs = -(-num_samples // len(self.rows))
+        rng = np.random.default_rng(seed + 1)
+        self.order = np.concatenate([rng.permutation(len(self.rows)) for _ in range(self.epochs)])
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        tokens, labels, loss_mask, positions, segments = [], [], [], [], []
+        for i in self.rows[int(self.order[index])]:
+            pair = self.pairs[i]
+            n = len(pair.ids) - 1
+            tokens += pair.ids[:-1].tolist()
+            labels += pair.ids[1:].tolist()
+            # Label j is token j + 1: a response token from the prompt's last position on.
+            quiet = max(pair.prompt_len - 1, 0)
+            loss_mask += [0.0] * quiet + [1.0] * (n - quiet)
+            positions += range(n)
+            segments.append(n)
+        pad = self.seq_length - len(tokens)
+        if pad:
+            tokens += [self.pad] * pad
+            labels += [self.pad] * pad
+            loss_mask += [0.0] * pad
+            positions += range(pad)
+            segments.append(pad)
+        row = {
+            "tokens": torch.tensor(tokens, dtype=torch.long),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.float),
+            "position_ids": torch.tensor(positions, dtype=torch.long),
+        }
+        if self.packing:
+            row["attention_mask"] = block_causal_mask(segments)
+        return row
+
+
+def build_sft_dataset(cfg: Any, tokenizer: Any, num_samples: int) -> SFTDataset:
+    """data.kind=sft for a run: every rank reads and tokenizes data.path the same way."""
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise ValueError(
+            f"data.tokenizer={cfg.data.tokenizer!r} has {tokenizer.vocab_size} ids but "
+            f"model.vocab_size={cfg.model.vocab_size}; use the model's own tokenizer or raise "
+            "model.vocab_size"
+        )
+    dataset = SFTDataset(
+        cfg.data.path,
+        tokenizer,
+        seq_length=cfg.model.seq_length,
+        num_samples=num_samples,
+        packing=cfg.data.sequence_packing,
+        seed=cfg.data.seed,
+    )
+    if dataset.skipped and (
+        not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    ):
+        print(
+            f"sft data: skipped {dataset.skipped} pairs whose prompt fills "
+            f"model.seq_length={cfg.model.seq_length}",
+            flush=True,
+        )
+    return dataset
