@@ -1,7 +1,8 @@
-"""`recipes data ...`: prepare Energon datasets for data.kind=energon.
+"""`recipes data ...`: prepare Energon datasets for data.kind=energon; synthetic sets for demos.
 
     recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
     recipes data make-synthetic-vlm [OUT] [--samples N] [--image-size S] [--seed K]
+    recipes data make-synthetic-sft [OUT] [--samples N] [--seed K]
 
 Only argparse at import time: `recipes list/show/check` build this parser too and must stay free
 of torch; the work (PIL, Energon, torch) is imported when a data command runs.
@@ -15,11 +16,14 @@ import argparse
 import sys
 
 DEFAULT_SYNTHETIC = "runs/synthetic_vlm"  # tiny_llava_pretrain's data.path
+DEFAULT_SYNTHETIC_SFT = "runs/synthetic_sft"  # tiny_gpt_sft's data.path is sft.jsonl in there
 
 
 def add_data_parser(sub: argparse._SubParsersAction) -> None:
     """The `data` subcommand and its own subcommands, on the `recipes` parser."""
-    data = sub.add_parser("data", help="prepare Energon datasets (images + captions)")
+    data = sub.add_parser(
+        "data", help="prepare Energon datasets (images + captions); make synthetic VLM / SFT sets"
+    )
     commands = data.add_subparsers(dest="data_command", required=True)
 
     p = commands.add_parser(
@@ -45,8 +49,28 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
 
+    p = commands.add_parser(
+        "make-synthetic-sft", help="a small generated prompt/response set (arithmetic) + tokenizer"
+    )
+    p.add_argument(
+        "out", nargs="?", default=DEFAULT_SYNTHETIC_SFT, help=f"default {DEFAULT_SYNTHETIC_SFT}"
+    )
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "make-synthetic-sft":
+        from data.synthetic_sft import TOKENIZER, make_synthetic_sft
+
+        try:
+            path = make_synthetic_sft(args.out, samples=args.samples, seed=args.seed)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.samples} prompt/response pairs to {path}")
+        print(f"use data.kind=sft data.path={path} data.tokenizer={path.parent / TOKENIZER}")
+        return 0
     from data.vlm_prepare import PrepareError
 
     try:

@@ -1,8 +1,11 @@
-"""What every GPU pretraining recipe shares, in one place; family modules pass only what differs.
+"""What every GPU pretraining and fine-tuning recipe shares; family modules pass only what differs.
 
-AdamW (0.9, 0.95, weight decay 0.1), linear warmup then cosine to a tenth of the peak, mock data
-(set data.kind=indexed, data.path and data.tokenizer to learn from real text), a checkpoint every
-500 steps (a few hours apart at the published speeds).
+Pretraining: AdamW (0.9, 0.95, weight decay 0.1), linear warmup then cosine to a tenth of the
+peak, mock data (set data.kind=indexed, data.path and data.tokenizer to learn from real text), a
+checkpoint every 500 steps (a few hours apart at the published speeds).
+
+Fine-tuning (`finetune`): the same AdamW at NeMo 2's full-SFT rate (5e-6, 50 warmup steps, cosine
+to 0) on prompt/response JSONL (data.kind=sft), starting from checkpoint.pretrained_dir.
 """
 
 from __future__ import annotations
@@ -59,3 +62,31 @@ def pretrain(
         ),
         checkpoint=CheckpointConfig(save_interval=500),
     )
+
+
+def finetune(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    *,
+    data_path: str,
+    tokenizer: str,
+    pretrained_dir: str,
+    global_batch_size: int,
+    micro_batch_size: int = 1,
+    lr: float = 5e-6,
+    max_steps: int = 1000,
+) -> TrainingConfig:
+    """Full SFT: every weight trains, loss on the responses only (data/sft.py)."""
+    cfg = pretrain(
+        model,
+        parallel,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        lr=lr,
+        min_lr=0.0,
+        warmup_steps=50,
+        max_steps=max_steps,
+    )
+    cfg.data = DataConfig(kind="sft", path=data_path, tokenizer=tokenizer)
+    cfg.checkpoint = CheckpointConfig(save_interval=250, pretrained_dir=pretrained_dir)
+    return cfg

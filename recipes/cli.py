@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
-    add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm` (data/cli.py)
+    add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm|make-synthetic-sft`
     return parser
 
 

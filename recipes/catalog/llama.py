@@ -11,7 +11,7 @@ are reproduced with the distributed optimizer and without graphs, the engine's d
 from __future__ import annotations
 
 from models.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
-from recipes.base import pretrain
+from recipes.base import finetune, pretrain
 from recipes.registry import recipe
 from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
@@ -87,6 +87,25 @@ def llama3_8b_pretrain_8gpu_h100_fp8cs() -> TrainingConfig:
     cfg.model.recompute_method = "block"
     cfg.model.recompute_num_layers = 24
     return cfg
+
+
+# Full SFT as NeMo 2's llama3_8b.finetune_recipe sets it (no PEFT): TP2, seq 2048 (most SQuAD
+# samples are shorter), GBS 128, MBS 1, lr 5e-6. The paths are placeholders for your own.
+@recipe(
+    nodes=1,
+    source="NeMo 2 llama3_8b.finetune_recipe, full SFT: TP2, seq 2048, GBS 128, MBS 1, lr 5e-6",
+)
+def llama3_8b_sft() -> TrainingConfig:
+    """Llama 3 8B full SFT on one 8-GPU node, from a Megatron checkpoint of the base model."""
+    cfg = finetune(
+        llama3_8b(seq_length=2048),
+        ParallelConfig(),
+        data_path="/data/sft/train.jsonl",  # placeholder: {"prompt", "response"} lines
+        tokenizer="/models/Meta-Llama-3-8B",  # placeholder: the base model's local tokenizer
+        pretrained_dir="/models/llama3_8b_megatron",  # placeholder: a dist_checkpointing save
+        global_batch_size=128,
+    )
+    return _layout(cfg, tp=2)
 
 
 @recipe(

@@ -51,3 +51,18 @@ def tiny_gpt_pretrain() -> TrainingConfig:
 def tiny_moe_pretrain() -> TrainingConfig:
     """A 4-layer MoE GPT, 4 experts split EP=2 over two CPU processes (allgather dispatcher)."""
     return _pretrain(tiny_moe(), ParallelConfig(expert_model_parallel_size=2))
+
+
+@recipe(nodes=1, gpus_per_node=2, gpu="cpu", source=SOURCE)
+def tiny_gpt_sft() -> TrainingConfig:
+    """The tiny GPT fine-tuned on packed arithmetic Q&A, TP=2 over two CPU processes."""
+    cfg = tiny_gpt_pretrain()
+    # `recipes data make-synthetic-sft` writes both; the loss counts only the answers.
+    cfg.data = DataConfig(
+        kind="sft",
+        path="runs/synthetic_sft/sft.jsonl",
+        tokenizer="runs/synthetic_sft/tokenizer.json",
+        sequence_packing=True,  # about 8 pairs per 128-token row, each under its own mask
+    )
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 2e-3, 2e-4  # from scratch: no pretrained weights
+    return cfg

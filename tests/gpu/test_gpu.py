@@ -92,3 +92,24 @@ def test_moe_alltoall_dispatcher(runs: Runs) -> None:
     assert_learns(
         runs.metrics("gpu_moe_a2a", 2, [*CUDA, *moe, "parallel.expert_model_parallel_size=2"])
     )
+
+
+def test_packed_sft_keeps_te_linears_and_learns(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Packed SFT rows carry a block-diagonal mask: with TE, the layers keep TE's linear layers and
+    take the SDPA core attention, which applies the mask (models/specs.py); the loss must fall."""
+    from models.specs import SdpaAttention, decoder_block_spec, have_transformer_engine
+    from tests.smoke.test_sft_cpu import SftRuns
+
+    if have_transformer_engine():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
+        spec = decoder_block_spec(config, "te", "RMSNorm", None, masked=True)
+        attention = spec.layer_specs[0].submodules.self_attention.submodules
+        assert attention.core_attention is SdpaAttention
+        assert "TE" in attention.linear_qkv.__name__
+    runs = SftRuns(tmp_path_factory.mktemp("gpu_sft"))
+    tp = ["parallel.tensor_model_parallel_size=1"]  # one process per GPU: TP=1 on one GPU
+    runs.run("gpu_sft", ["train.max_steps=20", *tp], "cuda", nproc=1)
+    losses = runs.losses("gpu_sft")
+    assert losses[-1] < losses[0] - 3.0, losses

@@ -52,6 +52,12 @@ def test_shrunk_recipe_trains_on_cpu(name: str, tmp_path: Path) -> None:
         data = tmp_path / "vlm"
         make_synthetic_vlm(data, samples=32)
         overrides += [f"data.path={data}", f"data.tokenizer={data / 'tokenizer.json'}"]
+    if recipe.config().data.kind == "sft":  # arithmetic Q&A; a shrunk model has no weights to load
+        from data.synthetic_sft import make_synthetic_sft
+
+        jsonl = make_synthetic_sft(tmp_path / "sft", samples=200)
+        overrides += [f"data.path={jsonl}", f"data.tokenizer={jsonl.parent / 'tokenizer.json'}"]
+        overrides += ["checkpoint.pretrained_dir=None"]
     cmd = [sys.executable, "-m", "recipes", "run", name, "--shrink", "--executor", "local"]
     cmd += [
         "--device",
