@@ -158,6 +158,7 @@ INVALID = [
     (["data.kind=indexed"], None, "data.path"),
     (["data.kind=indexed", "data.path=/data/x"], None, "data.tokenizer"),
     (["data.kind=parquet"], None, "data.kind"),
+    (["data.sequence_packing=true"], None, "data.sequence_packing"),
     (["data.kind=sft", "data.tokenizer=/t.json"], None, "data.path"),
     (["data.kind=sft", "data.path=/data/x.jsonl"], None, "data.tokenizer"),
     (

@@ -418,6 +418,14 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"
             )
         )
+    if data.kind in ("mock", "indexed") and data.sequence_packing:
+        out.append(
+            Problem(
+                "data.sequence_packing",
+                f"packs SFT pairs or Energon samples; data.kind='{data.kind}' already fills every "
+                "row with documents end to end. Set data.sequence_packing=false",
+            )
+        )
     if data.kind == "sft" and data.sequence_packing and cfg.parallel.context_parallel_size > 1:
         out.append(
             Problem(
