@@ -10,10 +10,11 @@ the count is printed on the first rank.
 
 Rows: without `data.sequence_packing` every sample is one row, padded to seq_length (the pad carries
 no loss and comes after the text, so causal attention never lets the text see it). With packing,
-whole samples fill rows first-fit; position ids restart at each sample and each row carries a
-block-diagonal causal `attention_mask` (Megatron's convention: True = masked out) that keeps every
-sample to itself, so a packed row trains as its samples would one by one. The padding tail of a row
-is a block of its own: a query that may attend to nothing would turn into NaN.
+whole samples fill rows first-fit; position ids restart at each sample and each row carries
+`segment_ids`, from which the forward step builds a block-diagonal causal attention mask
+(`attention_mask`) that keeps every sample to itself, so a packed row trains as its samples would
+one by one. The padding tail of a row is a segment of its own: a query that may attend to nothing
+would turn into NaN.
 
 Order: the pairs are shuffled with data.seed, then packed, then the rows are visited epoch after
 epoch, each epoch in its own seeded order. Index i is always the same row, so resuming from
@@ -137,15 +138,17 @@ def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def block_causal_mask(segments: Sequence[int]) -> torch.Tensor:
-    """[1, s, s] bool, True where attention is masked: causal within each segment, none across."""
-    s = sum(segments)
-    owner = torch.repeat_interleave(
-        torch.arange(len(segments)), torch.tensor(list(segments), dtype=torch.long)
-    )
-    causal = torch.ones(s, s, dtype=torch.bool).tril()
-    allowed = causal & (owner[:, None] == owner[None, :])
-    return (~allowed).unsqueeze(0)
+def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[b, s] segment ids -> [b, 1, s, s] bool, True where attention is masked (Megatron's
+    convention): causal within each segment, nothing across segments.
+
+    Built where the batch is used (on the GPU, in the forward step) rather than in the loader:
+    s x s per row is 16 MiB at seq 4096, the ids 32 KiB.
+    """
+    s = segment_ids.size(-1)
+    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return ~(causal & same).unsqueeze(1)
 
 
 class SFTDataset(Dataset):
@@ -187,7 +190,7 @@ class SFTDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         tokens, labels, loss_mask, positions, segments = [], [], [], [], []
-        for i in self.rows[int(self.order[index])]:
+        for k, i in enumerate(self.rows[int(self.order[index])]):
             pair = self.pairs[i]
             n = len(pair.ids) - 1
             tokens += pair.ids[:-1].tolist()
@@ -196,14 +199,14 @@ class SFTDataset(Dataset):
             quiet = max(pair.prompt_len - 1, 0)
             loss_mask += [0.0] * quiet + [1.0] * (n - quiet)
             positions += range(n)
-            segments.append(n)
+            segments += [k] * n
         pad = self.seq_length - len(tokens)
         if pad:
             tokens += [self.pad] * pad
             labels += [self.pad] * pad
             loss_mask += [0.0] * pad
             positions += range(pad)
-            segments.append(pad)
+            segments += [segments[-1] + 1] * pad
         row = {
             "tokens": torch.tensor(tokens, dtype=torch.long),
             "labels": torch.tensor(labels, dtype=torch.long),
@@ -211,7 +214,7 @@ class SFTDataset(Dataset):
             "position_ids": torch.tensor(positions, dtype=torch.long),
         }
         if self.packing:
-            row["attention_mask"] = block_causal_mask(segments)
+            row["segment_ids"] = torch.tensor(segments, dtype=torch.long)
         return row
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.make_tokenizer import train_bpe_tokenizer
-from data.sft import SFTDataError, SFTDataset, block_causal_mask, pack, read_pairs
+from data.sft import SFTDataError, SFTDataset, attention_mask, pack, read_pairs
 from data.tokenizer import load_tokenizer
 
 SEQ = 48
@@ -55,7 +55,7 @@ def test_loss_covers_the_response_and_eod_only(tmp_path: Path, tok) -> None:
         n - len(prompt) + 1
     ) + [0.0] * (SEQ - n)
     assert row["position_ids"][:n].tolist() == list(range(n))
-    assert "attention_mask" not in row and all(len(v) == SEQ for v in row.values())
+    assert "segment_ids" not in row and all(len(v) == SEQ for v in row.values())
 
 
 def test_long_pairs_are_cut_and_prompts_that_fill_the_row_skipped(tmp_path: Path, tok) -> None:
@@ -82,7 +82,8 @@ def test_packed_rows_hold_whole_samples_each_once_per_epoch(tmp_path: Path, tok)
     lengths = [len(packed.pairs[i].ids) - 1 for i in packed.rows[int(packed.order[0])]]
     starts = [sum(lengths[:k]) for k in range(len(lengths))]
     assert [int(row["position_ids"][s]) for s in starts] == [0] * len(starts)
-    mask = row["attention_mask"][0]
+    assert "attention_mask" not in row  # built in the forward step, from the segment ids
+    mask = attention_mask(row["segment_ids"][None])[0, 0]
     assert mask.shape == (SEQ, SEQ) and mask.dtype == torch.bool
     if len(starts) > 1:  # the second sample's first token sees itself, not the first sample
         assert mask[starts[1], starts[1] - 1] and not mask[starts[1], starts[1]]
@@ -145,7 +146,8 @@ def test_block_mask_keeps_packed_samples_apart() -> None:
     segments = [5, 3, 4]  # the last one stands for a row's padding tail
     s = sum(segments)
     q, k, v = torch.randn(s, 1, 4, 8), torch.randn(s, 1, 2, 8), torch.randn(s, 1, 2, 8)
-    packed = attention(q, k, v, block_causal_mask(segments).unsqueeze(0))
+    ids = torch.repeat_interleave(torch.arange(len(segments)), torch.tensor(segments))
+    packed = attention(q, k, v, attention_mask(ids[None]))
     alone, start = [], 0
     for n in segments:
         part = slice(start, start + n)

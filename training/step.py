@@ -19,6 +19,8 @@ from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from data.sft import attention_mask
+
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
@@ -55,13 +57,9 @@ def forward_step(
 
         return llava_forward_step(batch, model, loss_func)
     # With labels, GPTModel returns the per-token cross-entropy [b, s] (vocab-parallel over TP).
-    # Packed SFT rows carry a block-diagonal attention mask (data/sft.py); other rows are causal.
-    output = model(
-        batch["tokens"],
-        batch["position_ids"],
-        batch.get("attention_mask"),
-        labels=batch["labels"],
-    )
+    # Packed SFT rows attend within their segments only (data/sft.py); other rows are causal.
+    mask = attention_mask(batch["segment_ids"]) if "segment_ids" in batch else None
+    output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 
