@@ -10,7 +10,7 @@ the count is printed on the first rank.
 
 Rows: without `data.sequence_packing` every sample is one row, padded to seq_length (the pad carries
 no loss and comes after the text, so causal attention never lets the text see it). With packing,
-whole samples fill rows first-fit; position ids restart at each sample and each row carries
+whole samples fill rows best-fit; position ids restart at each sample and each row carries
 `segment_ids`, from which the forward step builds a block-diagonal causal attention mask
 (`attention_mask`) that keeps every sample to itself, so a packed row trains as its samples would
 one by one. The padding tail of a row is a segment of its own: a query that may attend to nothing
@@ -23,6 +23,7 @@ epoch, each epoch in its own seeded order. Index i is always the same row, so re
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 from collections.abc import Iterator, Sequence
@@ -123,18 +124,25 @@ def tokenize_pairs(
 
 
 def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Indices of samples per row, first-fit in the given order; every row holds <= capacity."""
+    """Indices of samples per row, best fit in the given order; every row holds <= capacity.
+
+    Each sample goes to the open row with the least room that still takes it (a new row if
+    none does), found by bisection over the rows sorted by room: O(n log rows), so a million
+    pairs pack in seconds.
+    """
     rows: list[list[int]] = []
-    free: list[int] = []
+    by_room: list[tuple[int, int]] = []  # (room left, row), sorted
     for index, length in enumerate(lengths):
-        for r, room in enumerate(free):
-            if length <= room:
-                rows[r].append(index)
-                free[r] -= length
-                break
-        else:
+        at = bisect.bisect_left(by_room, (length, -1))
+        if at == len(by_room):
             rows.append([index])
-            free.append(capacity - length)
+            row, room = len(rows) - 1, capacity - length
+        else:
+            room, row = by_room.pop(at)
+            rows[row].append(index)
+            room -= length
+        if room > 0:
+            bisect.insort(by_room, (room, row))
     return rows
 
 

@@ -98,9 +98,16 @@ def test_order_is_fixed_by_the_seed_and_covers_num_samples(tmp_path: Path, tok) 
     assert len(first_epoch) == len(PAIRS)  # an epoch visits every pair once
 
 
-def test_pack_is_first_fit() -> None:
+def test_pack_is_best_fit_and_never_overfills() -> None:
     assert pack([5, 4, 3, 2, 1], 6) == [[0, 4], [1, 3], [2]]
-    assert all(sum([5, 4, 3, 2, 1][i] for i in row) <= 6 for row in pack([5, 4, 3, 2, 1], 6))
+    # Rooms 3 and 2 are open when the 2 comes: it fills the row with room 2, whichever came first.
+    assert pack([3, 4, 2], 6) == [[0], [1, 2]]
+    assert pack([4, 3, 2], 6) == [[0, 2], [1]]
+    lengths = [(i * 37) % 61 + 1 for i in range(2000)]
+    rows = pack(lengths, 64)
+    assert sorted(i for row in rows for i in row) == list(range(2000))
+    assert all(sum(lengths[i] for i in row) <= 64 for row in rows)
+    assert sum(lengths) / (64 * len(rows)) > 0.95
 
 
 @pytest.mark.parametrize(
