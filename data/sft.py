@@ -4,9 +4,9 @@ Input: `data.path`, a JSONL file (or `.jsonl.gz`) with one object per line holdi
 `response` (or `input` and `output`), both strings. A sample's tokens are the prompt as the
 tokenizer encodes a text (with its own BOS, as Llama 3's adds), the response without special
 tokens, and eod; only the response and the closing eod carry loss, so the model learns to answer
-rather than to repeat the question. A pair longer than model.seq_length + 1 tokens
-loses the end of its response; one whose prompt leaves no room for a response token is skipped, and
-the count is printed on the first rank.
+rather than to repeat the question. A pair longer than model.seq_length + 1 tokens loses the end of
+its response; one whose prompt leaves no room for a response token is skipped, and the count is
+printed on the first rank.
 
 Rows: without `data.sequence_packing` every sample is one row, padded to seq_length (the pad carries
 no loss and comes after the text, so causal attention never lets the text see it). With packing,
@@ -17,7 +17,8 @@ one by one. The padding tail of a row is a segment of its own: a query that may 
 would turn into NaN.
 
 Order: the pairs are shuffled with data.seed, then packed, then the rows are visited epoch after
-epoch, each epoch in its own seeded order. Index i is always the same row, so resuming from
+epoch, each epoch in its own seeded order. A row is one sample of train.global_batch_size, packed
+or not. Index i is always the same row, so resuming from
 `consumed_samples` continues with exactly the rows an uninterrupted run would see.
 """
 
@@ -46,7 +47,7 @@ class SFTDataError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Pair:
-    """One tokenized sample: its ids and how many of them (from the start) carry no loss."""
+    """One tokenized sample: prompt, response and eod ids, and how many of them are the prompt."""
 
     ids: np.ndarray  # int32: a Python int per token would not fit a large SFT set in memory
     prompt_len: int
@@ -160,7 +161,7 @@ def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 class SFTDataset(Dataset):
-    """Rows of `seq_length` tokens with labels, loss mask and position ids (and a mask if packed)."""
+    """Rows of `seq_length` tokens: labels, loss mask, position ids (and segment ids if packed)."""
 
     def __init__(
         self,
