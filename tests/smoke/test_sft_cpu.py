@@ -1,4 +1,5 @@
-"""tiny_gpt_sft on two CPU processes (TP=2): packed SFT learns, and pretrained weights start a run.
+"""tiny_gpt_sft on two CPU processes (TP=2): packed SFT learns, resumes exactly, and pretrained
+weights start a fresh run.
 
 The arithmetic Q&A set comes from the tool itself (`recipes data make-synthetic-sft`). Every run is
 `torchrun --standalone -m training.entry` with the recipe's resolved config, as `recipes run`
@@ -68,6 +69,14 @@ def test_packed_sft_learns_the_answers(sft: SftRuns) -> None:
     assert len(losses) == 20
     # From ln(512) = 6.2 at random; the answers follow from the questions, so it falls fast.
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 3.0, losses
+
+
+def test_resume_continues_with_the_rows_of_an_uninterrupted_run(sft: SftRuns) -> None:
+    """10 steps, stop, resume to 20: the same losses as the 20 straight steps, exactly (CPU)."""
+    sft.run("chained", ["train.max_steps=10", "checkpoint.save_interval=10"])
+    out = sft.run("chained", ["train.max_steps=20", "checkpoint.save_interval=10"])
+    assert "resumed from" in out and "at step 10" in out
+    assert sft.losses("chained") == sft.losses("packed")
 
 
 def test_pretrained_weights_start_a_fresh_fine_tune(sft: SftRuns) -> None:
