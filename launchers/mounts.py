@@ -81,6 +81,19 @@ def to_container(path: str, mounts: list[Mount]) -> str | None:
     return str(PurePosixPath(mount.container) / PurePosixPath(path).relative_to(mount.host))
 
 
+def to_host(path: str, mounts: list[Mount]) -> str | None:
+    """Where the host keeps the container's `path`, or None when no mount covers it (the image)."""
+    best: Mount | None = None
+    for mount in mounts:
+        if PurePosixPath(path).is_relative_to(mount.container) and (
+            best is None or len(mount.container) > len(best.container)
+        ):
+            best = mount
+    if best is None:
+        return None
+    return str(PurePosixPath(best.host) / PurePosixPath(path).relative_to(best.container))
+
+
 def require_mounted(paths: dict[str, str], mounts: list[Mount]) -> dict[str, str]:
     """Each writable field's host path as the container sees it; ConfigError for any outside the
     mounts or on a read-only one."""

@@ -1,6 +1,7 @@
 """`recipes run`: check a recipe, write its resolved config into a run directory, launch it.
 
     recipe + overrides -> (--shrink) -> check (refuse invalid: 2; does not fit: 3, except on CPU)
+    -> the input files exist where the ranks will look (launchers/inputs.py; else 2)
     -> run directory (logging.run_dir, or runs/<recipe>-<UTC time>) -> config.yaml
     -> local: NeMo-Run LocalExecutor + torchrun, in the foreground
     -> slurm, slurm-apptainer, slurm-bare: an sbatch script per launchers/, submitted (--chain K)
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from launchers.env import EnvPlan, plan_env
+from launchers.inputs import check_inputs
 from launchers.profile import Profile, load_profile, replace
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.cli import cluster_for
@@ -51,6 +53,7 @@ def run_command(args: argparse.Namespace) -> int:
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
         print(render(report))
         return report.exit_code
+    check_inputs(cfg, profile, Path.cwd())  # data, tokenizer, checkpoints: before the queue
     if profile.executor == "local":
         return _run_local(cfg, cluster, profile, args)
     return _run_slurm(cfg, cluster, profile, args)

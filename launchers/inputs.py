@@ -1,0 +1,89 @@
+"""The files a run will read, looked for on this machine before anything is launched or queued.
+
+A typo in data.path, data.tokenizer or checkpoint.pretrained_dir otherwise surfaces only when the
+job starts, after its wait in the queue. `check_inputs` refuses the launch instead, naming the field
+and the missing path:
+
+- data.tokenizer: a file or folder; data.path: for `indexed` each blend prefix's .bin and .idx
+  (object storage, `s3://` and the like, is left to Megatron), for `sft` the JSONL file, for
+  `energon` the prepared folder or metadataset file; checkpoint.load_dir and .pretrained_dir.
+- The ranks see these paths as given: locally and with slurm-bare relative to their working
+  directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
+  container through the profile's mounts, which map them back to the host to look at.
+- What cannot be seen from here is left to the job: a path inside the container image (no mount
+  covers it), a relative path in a container without `workdir`, or a filesystem this machine does
+  not have at all (the path's first component is missing, e.g. a compute node's local /raid).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+from launchers.mounts import parse_mounts, to_host
+from launchers.profile import Profile
+from training.config import TrainingConfig
+from training.tree import ConfigError
+
+
+def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:
+    """(field, path) of every file or folder the ranks read, as the config gives them."""
+    data, ckpt = cfg.data, cfg.checkpoint
+    out = []
+    if data.tokenizer:
+        out.append(("data.tokenizer", data.tokenizer))
+    if data.path and data.kind == "indexed":
+        from data.pretrain import parse_blend  # plain Python: no torch on this path
+
+        try:
+            prefixes, _ = parse_blend(data.path)
+        except ValueError:
+            prefixes = []  # the engine names the malformed blend; nothing to look for here
+        for prefix in prefixes:
+            if "://" not in prefix:
+                out += [("data.path", prefix + ".bin"), ("data.path", prefix + ".idx")]
+    elif data.path and data.kind in ("sft", "energon"):
+        out.append(("data.path", data.path))
+    for field in ("load_dir", "pretrained_dir"):
+        if getattr(ckpt, field):
+            out.append((f"checkpoint.{field}", getattr(ckpt, field)))
+    return out
+
+
+def _where_to_look(path: str, profile: Profile, cwd: Path) -> Path | None:
+    """This machine's path for what the ranks will open, or None when it cannot be seen here."""
+    path = os.path.expanduser(path)
+    if profile.containerised:
+        if not PurePosixPath(path).is_absolute():
+            if not profile.workdir:
+                return None
+            path = str(PurePosixPath(profile.workdir) / path)
+        host = to_host(path, parse_mounts(profile.mounts))
+        if host is None:
+            return None
+        path = host
+    elif not os.path.isabs(path):
+        path = os.path.join(profile.workdir or cwd, path)
+    parts = PurePosixPath(path).parts
+    if len(parts) > 1 and not Path(parts[0], parts[1]).exists():
+        return None  # a filesystem this machine does not mount
+    return Path(path)
+
+
+def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
+    """ConfigError naming each input that the ranks would not find."""
+    problems = []
+    for field, given in input_paths(cfg):
+        here = _where_to_look(given, profile, cwd)
+        if here is None or here.exists():
+            continue
+        seen = f" (on this machine {here})" if str(here) != given else ""
+        problems.append(
+            (
+                field,
+                f"{given} does not exist{seen}: the ranks would fail at start-up (a Slurm job "
+                "after its wait in the queue). Fix the path, or create it first",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
