@@ -62,15 +62,21 @@ def parse_mounts(texts: list[str]) -> list[Mount]:
     return out
 
 
-def covering(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount that holds host `path` (the longest match, as the container stacks them)."""
+def _covering(path: str, mounts: list[Mount], side: str) -> Mount | None:
+    """The mount whose `side` ("host" or "container") holds `path`: the longest match, as the
+    container stacks them."""
     best: Mount | None = None
     for mount in mounts:
-        if PurePosixPath(path).is_relative_to(mount.host) and (
-            best is None or len(mount.host) > len(best.host)
+        if PurePosixPath(path).is_relative_to(getattr(mount, side)) and (
+            best is None or len(getattr(mount, side)) > len(getattr(best, side))
         ):
             best = mount
     return best
+
+
+def covering(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount that holds host `path`."""
+    return _covering(path, mounts, "host")
 
 
 def to_container(path: str, mounts: list[Mount]) -> str | None:
@@ -83,15 +89,10 @@ def to_container(path: str, mounts: list[Mount]) -> str | None:
 
 def to_host(path: str, mounts: list[Mount]) -> str | None:
     """Where the host keeps the container's `path`, or None when no mount covers it (the image)."""
-    best: Mount | None = None
-    for mount in mounts:
-        if PurePosixPath(path).is_relative_to(mount.container) and (
-            best is None or len(mount.container) > len(best.container)
-        ):
-            best = mount
-    if best is None:
+    mount = _covering(path, mounts, "container")
+    if mount is None:
         return None
-    return str(PurePosixPath(best.host) / PurePosixPath(path).relative_to(best.container))
+    return str(PurePosixPath(mount.host) / PurePosixPath(path).relative_to(mount.container))
 
 
 def require_mounted(paths: dict[str, str], mounts: list[Mount]) -> dict[str, str]:

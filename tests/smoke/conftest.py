@@ -43,6 +43,17 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def resolved_config(root: Path, recipe: str) -> Path:
+    """A catalog recipe resolved into root/<recipe>.yaml, as `recipes run` writes it for the ranks."""
+    from recipes.cli import resolve
+    from training.tree import to_dict
+
+    _, cfg = resolve(recipe, [])
+    path = root / f"{recipe}.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    return path
+
+
 class Runs:
     """Runs a config under torchrun once per name and returns its metrics.jsonl records."""
 

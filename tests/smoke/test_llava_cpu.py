@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from data.energon import SAMPLE_LOG_ENV
 from recipes.cli import main as recipes_main
-from recipes.cli import resolve
-from tests.smoke.conftest import REPO, _env
-from training.tree import to_dict
+from tests.smoke.conftest import REPO, _env, resolved_config
 
 pytestmark = pytest.mark.smoke
 
@@ -31,9 +28,7 @@ class LlavaRuns:
         self.root = root
         self.data = root / "synthetic_vlm"
         assert recipes_main(["data", "make-synthetic-vlm", str(self.data), "--samples", "256"]) == 0
-        _, cfg = resolve("tiny_llava_pretrain", [])
-        self.config = root / "tiny_llava_pretrain.yaml"
-        self.config.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        self.config = resolved_config(root, "tiny_llava_pretrain")
 
     def run(self, name: str, run_dir: str, overrides: list[str]) -> str:
         """Train; returns the log. The LR schedule spans 20 steps whatever max_steps says, so

@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from recipes.cli import main as recipes_main
-from recipes.cli import resolve
-from tests.smoke.conftest import REPO, _env
-from training.tree import to_dict
+from tests.smoke.conftest import REPO, _env, resolved_config
 
 pytestmark = pytest.mark.smoke
 
@@ -30,9 +27,7 @@ class SftRuns:
         self.root = root
         self.data = root / "synthetic_sft"
         assert recipes_main(["data", "make-synthetic-sft", str(self.data), "--samples", "600"]) == 0
-        _, cfg = resolve("tiny_gpt_sft", [])
-        self.config = root / "tiny_gpt_sft.yaml"
-        self.config.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        self.config = resolved_config(root, "tiny_gpt_sft")
 
     def run(self, run_dir: str, overrides: list[str], device: str = "cpu", nproc: int = 2) -> str:
         """Train; returns stdout. The LR schedule spans 20 steps whatever max_steps says."""
