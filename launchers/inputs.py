@@ -9,7 +9,8 @@ and the missing path:
   `energon` the prepared folder or metadataset file; checkpoint.load_dir and .pretrained_dir.
 - The ranks see these paths as given: locally and with slurm-bare relative to their working
   directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
-  container through the profile's mounts, which map them back to the host to look at.
+  container through the profile's mounts, which map them back to the host to look at, except
+  checkpoint.load_dir, which the Slurm launcher takes as a host path and maps in itself.
 - What cannot be seen from here is left to the job: a path inside the container image (no mount
   covers it), a relative path in a container without `workdir`, or a filesystem this machine does
   not have at all (the path's first component is missing, e.g. a compute node's local /raid).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from launchers.mounts import parse_mounts, to_host
+from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
 from training.config import TrainingConfig
 from training.tree import ConfigError
@@ -50,10 +51,11 @@ def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:
     return out
 
 
-def _where_to_look(path: str, profile: Profile, cwd: Path) -> Path | None:
+def _where_to_look(field: str, path: str, profile: Profile, cwd: Path) -> Path | None:
     """This machine's path for what the ranks will open, or None when it cannot be seen here."""
     path = os.path.expanduser(path)
-    if profile.containerised:
+    host_given = field.removeprefix("checkpoint.") in HOST_CHECKPOINT_FIELDS
+    if profile.containerised and not host_given:
         if not PurePosixPath(path).is_absolute():
             if not profile.workdir:
                 return None
@@ -74,7 +76,7 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
     """ConfigError naming each input that the ranks would not find."""
     problems = []
     for field, given in input_paths(cfg):
-        here = _where_to_look(given, profile, cwd)
+        here = _where_to_look(field, given, profile, cwd)
         if here is None or here.exists():
             continue
         seen = f" (on this machine {here})" if str(here) != given else ""

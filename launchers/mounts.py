@@ -13,6 +13,10 @@ from pathlib import PurePosixPath
 
 from training.tree import ConfigError
 
+# Checkpoint folders given as host paths: the Slurm launcher maps them into the container itself
+# (launchers/slurm.py); every other path in a config is as the container sees it.
+HOST_CHECKPOINT_FIELDS = ("save_dir", "load_dir")
+
 # Characters no generated file can carry safely: they end an #SBATCH line or a mount list.
 _CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
 

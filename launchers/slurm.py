@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchers.env import EnvPlan, plan_env
-from launchers.mounts import check_text, parse_mounts, require_mounted
+from launchers.mounts import HOST_CHECKPOINT_FIELDS, check_text, parse_mounts, require_mounted
 from launchers.profile import Profile
 from training.config import TrainingConfig
 from training.tree import ConfigError
@@ -87,7 +87,7 @@ def slurm_job(
     writable = {"logging.run_dir": run_dir}
     writable |= {
         f"checkpoint.{k}": getattr(cfg.checkpoint, k)
-        for k in ("save_dir", "load_dir")
+        for k in HOST_CHECKPOINT_FIELDS
         if getattr(cfg.checkpoint, k)
     }
     if profile.containerised:

@@ -83,6 +83,15 @@ def test_containers_are_looked_into_through_the_mounts(tmp_path: Path) -> None:
     assert field == "checkpoint.pretrained_dir" and str(tmp_path / "ckpts") in message
     inside_the_image = cfg_with("checkpoint.pretrained_dir=/workspace/ckpt")
     assert problems(inside_the_image, profile, Path("/")) == []
+    # load_dir is a host path: the launcher maps it into the container itself.
+    (tmp_path / "host" / "ckpt").mkdir(parents=True)
+    profile = Profile(
+        executor="slurm", container_image="i.sqsh", mounts=[f"{tmp_path}/host:{tmp_path}/ctr"]
+    )
+    host_path = cfg_with(f"checkpoint.load_dir={tmp_path}/host/ckpt")
+    assert problems(host_path, profile, Path("/")) == []
+    container_path = cfg_with(f"checkpoint.load_dir={tmp_path}/ctr/ckpt")
+    assert [f for f, _ in problems(container_path, profile, Path("/"))] == ["checkpoint.load_dir"]
 
 
 def test_a_filesystem_this_machine_lacks_is_left_to_the_job(tmp_path: Path) -> None:
