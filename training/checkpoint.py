@@ -131,8 +131,9 @@ class CheckpointHook:
             ckpt_state.load_model_weights(trainer, path)
         except Exception as err:  # Megatron's own errors name tensors, not the setting
             raise ValueError(
-                f"checkpoint.pretrained_dir={str(folder)!r}: the weights in {path} do not fit this "
-                f"model ({type(err).__name__}: {err}); it must come from the same architecture"
+                f"checkpoint.pretrained_dir={str(folder)!r}: cannot load the weights in {path} "
+                f"into this model ({type(err).__name__}: {err}); the checkpoint must come from the "
+                "same architecture (layers, widths, vocabulary)"
             ) from err
         if self.rank == 0:
             print(f"loaded pretrained weights from {path}; training starts at step 0", flush=True)
