@@ -16,7 +16,8 @@ whole samples fill rows best-fit; position ids restart at each sample and each r
 one by one. The padding tail of a row is a segment of its own: a query that may attend to nothing
 would turn into NaN.
 
-Order: the pairs are shuffled with data.seed, then packed, then the rows are visited epoch after
+Order: the pairs are shuffled with data.seed, split by the weights of data.split (train,
+validation, test; the validation part feeds train.eval_interval), then packed, then the rows are visited epoch after
 epoch, each epoch in its own seeded order. A row is one sample of train.global_batch_size, packed
 or not. Index i is always the same row, so resuming from
 `consumed_samples` continues with exactly the rows an uninterrupted run would see.
@@ -147,6 +148,20 @@ def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
+def split_range(n: int, split: str, part: str) -> tuple[int, int]:
+    """[first, last) of `part` ("train", "valid" or "test") among n shuffled pairs, by the weights
+    of data.split ("969,30,1": train, validation, test), as Megatron splits a corpus."""
+    weights = [float(w) for w in split.replace("/", ",").split(",")]
+    weights += [0.0] * (3 - len(weights))
+    total = sum(weights)
+    bounds = [0]
+    for w in weights:
+        bounds.append(bounds[-1] + round(n * w / total))
+    bounds[-1] = n
+    k = ("train", "valid", "test").index(part)
+    return bounds[k], bounds[k + 1]
+
+
 def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """[b, s] segment ids -> [b, 1, s, s] bool, True where attention is masked (Megatron's
     convention): causal within each segment, nothing across segments.
@@ -172,6 +187,8 @@ class SFTDataset(Dataset):
         num_samples: int,
         packing: bool,
         seed: int,
+        split: str = "1,0,0",
+        part: str = "train",
     ) -> None:
         self.seq_length = seq_length
         self.packing = packing
@@ -185,7 +202,13 @@ class SFTDataset(Dataset):
                 f"model.seq_length={seq_length}); raise model.seq_length or shorten the prompts"
             )
         order = np.random.default_rng(seed).permutation(len(pairs))
-        self.pairs = [pairs[i] for i in order]
+        first, last = split_range(len(pairs), split, part)
+        self.pairs = [pairs[i] for i in order[first:last]]
+        if not self.pairs:
+            raise SFTDataError(
+                f"data.split={split!r} leaves the {part} part of data.path={path!r} empty "
+                f"({len(pairs)} usable pairs); give that part a larger weight"
+            )
         if packing:
             self.rows = pack([len(p.ids) - 1 for p in self.pairs], seq_length)
         else:
@@ -227,8 +250,11 @@ class SFTDataset(Dataset):
         return row
 
 
-def build_sft_dataset(cfg: Any, tokenizer: Any, num_samples: int) -> SFTDataset:
-    """data.kind=sft for a run: every rank reads and tokenizes data.path the same way."""
+def build_sft_dataset(
+    cfg: Any, tokenizer: Any, num_samples: int, part: str = "train"
+) -> SFTDataset:
+    """data.kind=sft for a run: every rank reads and tokenizes data.path the same way, and takes
+    the `part` of the shuffled pairs that data.split gives it."""
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"data.tokenizer={cfg.data.tokenizer!r} has {tokenizer.vocab_size} ids but "
@@ -242,9 +268,13 @@ def build_sft_dataset(cfg: Any, tokenizer: Any, num_samples: int) -> SFTDataset:
         num_samples=num_samples,
         packing=cfg.data.sequence_packing,
         seed=cfg.data.seed,
+        split=cfg.data.split,
+        part=part,
     )
-    if dataset.skipped and (
-        not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if (
+        part == "train"
+        and dataset.skipped
+        and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0)
     ):
         print(
             f"sft data: skipped {dataset.skipped} pairs whose prompt fills "

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.make_tokenizer import train_bpe_tokenizer
-from data.sft import SFTDataError, SFTDataset, attention_mask, pack, read_pairs
+from data.sft import SFTDataError, SFTDataset, attention_mask, pack, read_pairs, split_range
 from data.tokenizer import load_tokenizer
 
 SEQ = 48
@@ -162,3 +162,37 @@ def test_block_mask_keeps_packed_samples_apart() -> None:
         start += n
     torch.testing.assert_close(packed, torch.cat(alone))
     assert torch.isfinite(packed).all()
+
+
+def test_split_gives_disjoint_parts(tmp_path: Path, tok) -> None:
+    assert split_range(1000, "969,30,1", "train") == (0, 969)
+    assert split_range(1000, "969,30,1", "valid") == (969, 999)
+    assert split_range(1000, "969,30,1", "test") == (999, 1000)
+    assert split_range(7, "1", "train") == (0, 7) and split_range(7, "1", "valid") == (7, 7)
+    path = write_jsonl(tmp_path / "all.jsonl", PAIRS)
+    parts = {
+        part: SFTDataset(
+            str(path),
+            tok,
+            seq_length=SEQ,
+            num_samples=1,
+            packing=False,
+            seed=7,
+            split="80,20,0",
+            part=part,
+        )
+        for part in ("train", "valid")
+    }
+    train, valid = ({p.ids.tobytes() for p in ds.pairs} for ds in parts.values())
+    assert len(train) == 32 and len(valid) == 8 and not train & valid
+    with pytest.raises(SFTDataError, match="data.split"):
+        SFTDataset(
+            str(path),
+            tok,
+            seq_length=SEQ,
+            num_samples=1,
+            packing=False,
+            seed=7,
+            split="1,0,0",
+            part="valid",
+        )

@@ -159,6 +159,21 @@ INVALID = [
     (["data.kind=indexed", "data.path=/data/x"], None, "data.tokenizer"),
     (["data.kind=parquet"], None, "data.kind"),
     (["data.sequence_packing=true"], None, "data.sequence_packing"),
+    (["data.split=90,x,1"], None, "data.split"),
+    (["data.split=1,2,3,4"], None, "data.split"),
+    (["train.eval_interval=-1"], None, "train.eval_interval"),
+    (["train.eval_interval=100", "train.eval_iters=0"], None, "train.eval_iters"),
+    (
+        [
+            "data.kind=indexed",
+            "data.path=/d/web",
+            "data.tokenizer=/t.json",
+            "data.split=1,0,0",
+            "train.eval_interval=100",
+        ],
+        None,
+        "data.split",
+    ),
     (["data.kind=sft", "data.tokenizer=/t.json"], None, "data.path"),
     (["data.kind=sft", "data.path=/data/x.jsonl"], None, "data.tokenizer"),
     (

@@ -29,8 +29,8 @@ def on_device(micro: list[dict[str, torch.Tensor]], device: str) -> list[dict[st
     return [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
 
 
-def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
-    """The training split for cfg.data.kind, holding at least `num_samples` samples.
+def build_dataset(cfg: TrainingConfig, num_samples: int, part: str = "train") -> Dataset:
+    """The `part` ("train" or "valid") split for cfg.data.kind, holding at least `num_samples`.
 
     Every rank must call this: Megatron's dataset builder synchronises the ranks while global
     rank 0 writes the index caches.
@@ -42,13 +42,14 @@ def build_train_dataset(cfg: TrainingConfig, num_samples: int) -> Dataset:
         from data.pretrain import build_pretrain_datasets
         from data.tokenizer import build_tokenizer
 
-        train, _, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), num_samples, 0)
-        return train
+        sizes = (num_samples, 0) if part == "train" else (0, num_samples)
+        train, valid, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), *sizes)
+        return train if part == "train" else valid
     if kind == "sft":  # prompt/response pairs, loss on the response: data/sft.py
         from data.sft import build_sft_dataset
         from data.tokenizer import build_tokenizer
 
-        return build_sft_dataset(cfg, build_tokenizer(cfg), num_samples)
+        return build_sft_dataset(cfg, build_tokenizer(cfg), num_samples, part)
     if kind == "energon":
         return None  # Energon's loader is its own dataset: data/energon.py EnergonBatches
     # The checker refuses any other kind before a rank starts; this guards direct callers.

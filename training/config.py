@@ -148,7 +148,7 @@ class DataConfig:
     # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; sft: a JSONL file; energon: a prepared
     # folder or blend file.
     path: Optional[str] = None
-    split: str = "969,30,1"  # train, validation, test weights of an indexed blend
+    split: str = "969,30,1"  # train, validation, test weights of an indexed blend or SFT file
     # A local tokenizer.json or HF tokenizer folder; None uses a null tokenizer (mock data only).
     tokenizer: Optional[str] = None
     num_workers: int = 2
@@ -168,7 +168,9 @@ class TrainConfig:
     micro_batch_size: int = 1
     max_steps: int = 100_000
     seed: int = 1234
-    eval_interval: int = 0  # 0 disables evaluation
+    # Every eval_interval steps, the mean loss over eval_iters global batches of the validation
+    # split (the same batches each time, so the numbers compare) is logged as val_loss; 0: never.
+    eval_interval: int = 0
     eval_iters: int = 10
     # "auto" picks CUDA when present; "cpu" runs the CPU smoke mode (gloo, no FP8).
     device: str = "auto"

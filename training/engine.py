@@ -26,12 +26,12 @@ from megatron.core import parallel_state, tensor_parallel
 
 from models.gpt import chunks_per_rank
 from training import distributed
-from training.batches import TrainBatches, build_train_dataset
+from training.batches import TrainBatches, build_dataset
 from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
 from training.config import TrainingConfig
 from training.finalize import Derived
 from training.metrics import MetricsLogger
-from training.step import train_step
+from training.step import eval_step, train_step
 
 
 class StepLogger(Protocol):
@@ -112,7 +112,10 @@ class Trainer:
         wire_schedules(self.config, self.model, self.optimizer)
 
         samples = cfg.train.max_steps * cfg.train.global_batch_size
-        self.dataset = build_train_dataset(cfg, samples)
+        self.dataset = build_dataset(cfg, samples)
+        evaluating = cfg.train.eval_interval > 0
+        valid_samples = cfg.train.eval_iters * cfg.train.global_batch_size
+        self.valid_dataset = build_dataset(cfg, valid_samples, "valid") if evaluating else None
         self.batches = self._batches(consumed_samples=0)
         # Anything with on_step(step, metrics) and close() can stand here (StepLogger).
         self.logger: StepLogger = MetricsLogger(run_dir, cfg, is_writer=dist.get_rank() == 0)
@@ -172,7 +175,7 @@ class Trainer:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0
             self.step += 1
-            self._log(result, tokens_per_step / elapsed, elapsed)
+            self._log(result, tokens_per_step / elapsed, elapsed, self._maybe_evaluate())
             for hook in hooks:
                 hook.after_step(self)
             if self.stop_requested or self._out_of_time(started):
@@ -180,7 +183,29 @@ class Trainer:
         for hook in hooks:
             hook.at_end(self)
 
-    def _log(self, result: Any, tokens_per_s: float, elapsed: float) -> None:
+    def _maybe_evaluate(self) -> float | None:
+        """val_loss every train.eval_interval steps: the same eval_iters batches each time."""
+        interval = self.cfg.train.eval_interval
+        if interval <= 0 or self.step % interval:
+            return None
+        cfg = self.cfg
+        dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        batches = TrainBatches(cfg, self.derived, self.valid_dataset, dp_rank, self.device)
+        losses = [
+            eval_step(
+                self.model,
+                batches.next_step(),
+                cfg.model.seq_length,
+                cfg.train.micro_batch_size,
+                self.torch_device,
+            )
+            for _ in range(cfg.train.eval_iters)
+        ]
+        return None if None in losses else sum(losses) / len(losses)  # rank 0 only
+
+    def _log(
+        self, result: Any, tokens_per_s: float, elapsed: float, val_loss: float | None = None
+    ) -> None:
         world = dist.get_world_size()
         tflops = (
             self.flops_per_token * tokens_per_s / world / 1e12 if self.flops_per_token else None
@@ -194,6 +219,8 @@ class Trainer:
             "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
             "step_time_s": elapsed,
         }
+        if val_loss is not None:
+            metrics["val_loss"] = val_loss
         if result.skipped:
             metrics["skipped"] = True
         self.logger.on_step(self.step, metrics)  # writes on global rank 0 only

@@ -144,6 +144,7 @@ class MetricsLogger:
         parts = [f"step {step}/{self.cfg.train.max_steps}"]
         formats = {
             "loss": "loss {:.4f}",
+            "val_loss": "val_loss {:.4f}",
             "lr": "lr {:.3e}",
             "grad_norm": "grad_norm {:.3f}",
             "tokens_per_s": "tokens/s {:,.0f}",

@@ -123,3 +123,30 @@ def train_step(
         lr=float(lr or 0.0),
         skipped=not updated,
     )
+
+
+def eval_step(
+    model: list[torch.nn.Module],
+    microbatches: list[dict],
+    seq_length: int,
+    micro_batch_size: int,
+    device: torch.device,
+) -> float | None:
+    """Forward only over one global batch, dropout off: its mean loss (on global rank 0)."""
+    for chunk in model:
+        chunk.eval()
+    try:
+        with torch.no_grad():
+            losses = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=_data_iterators(microbatches, len(model)),
+                model=model,
+                num_microbatches=len(microbatches),
+                seq_length=seq_length,
+                micro_batch_size=micro_batch_size,
+                forward_only=True,
+            )
+    finally:
+        for chunk in model:
+            chunk.train()
+    return _global_loss(losses, device)

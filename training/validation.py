@@ -418,6 +418,7 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "data.tokenizer", f"data.kind='{data.kind}' needs a local tokenizer file or folder"
             )
         )
+    out += _evaluation(cfg)
     if data.kind in ("mock", "indexed") and data.sequence_packing:
         out.append(
             Problem(
@@ -442,4 +443,47 @@ def _rest(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         )
     if ckpt.keep_last < 0:
         out.append(Problem("checkpoint.keep_last", "must be 0 (keep all) or more"))
+    return out
+
+
+def _evaluation(cfg: TrainingConfig) -> list[Problem]:
+    """data.split's weights, and train.eval_interval's validation batches."""
+    train, data, out = cfg.train, cfg.data, []
+    try:
+        weights = [float(w) for w in data.split.replace("/", ",").split(",")]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
+        out.append(
+            Problem(
+                "data.split",
+                f"'{data.split}' is not up to three non-negative weights for train, validation "
+                "and test, e.g. data.split=969,30,1",
+            )
+        )
+        weights = [1.0]
+    if train.eval_interval < 0:
+        out.append(
+            Problem("train.eval_interval", f"must be 0 (never) or more, got {train.eval_interval}")
+        )
+    if train.eval_interval <= 0:
+        return out
+    if train.eval_iters < 1:
+        out.append(Problem("train.eval_iters", f"must be at least 1, got {train.eval_iters}"))
+    if data.kind == "energon":
+        out.append(
+            Problem(
+                "train.eval_interval",
+                "evaluation reads the validation split of mock, indexed or sft data; Energon "
+                "data has no validation loader here yet. Set train.eval_interval=0",
+            )
+        )
+    elif data.kind in ("indexed", "sft") and (len(weights) < 2 or weights[1] == 0):
+        out.append(
+            Problem(
+                "data.split",
+                f"'{data.split}' gives the validation split no weight, but train.eval_interval="
+                f"{train.eval_interval} evaluates on it; e.g. data.split=969,30,1",
+            )
+        )
     return out

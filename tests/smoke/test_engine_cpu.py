@@ -47,6 +47,17 @@ def test_pipeline_parallel(runs: Runs) -> None:
     assert_learns(runs.metrics("pp2", 2, ["parallel.pipeline_model_parallel_size=2"]))
 
 
+def test_evaluation_logs_val_loss_and_leaves_training_alone(runs: Runs) -> None:
+    """train.eval_interval at PP=2: forward only over the mock stream's validation split."""
+    pp = ["parallel.pipeline_model_parallel_size=2"]
+    records = runs.metrics("pp2_eval", 2, [*pp, "train.eval_interval=5", "train.eval_iters=2"])
+    evaluated = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [5, 10, 15, 20]
+    assert evaluated[-1]["val_loss"] < evaluated[0]["val_loss"] - 0.5, evaluated
+    # No dropout, no data and no RNG taken from training: the same losses as without evaluation.
+    assert [r["loss"] for r in records] == [r["loss"] for r in runs.metrics("pp2", 2, pp)]
+
+
 def test_interleaved_pipeline_with_data_parallel(runs: Runs) -> None:
     """PP=2 x 2 virtual stages x DP=2 (4 processes), interleaved 1F1B schedule."""
     vpp = runs.metrics(

@@ -22,6 +22,9 @@ from tests.smoke.conftest import REPO, _env, resolved_config
 pytestmark = pytest.mark.smoke
 
 
+EVAL = ["train.eval_interval=10", "train.eval_iters=1"]  # data.split keeps 3 % of the pairs
+
+
 class SftRuns:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -46,16 +49,18 @@ class SftRuns:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
-    def losses(self, run_dir: str) -> list[float]:
+    def records(self, run_dir: str) -> list[dict[str, Any]]:
         path = self.root / run_dir / "metrics.jsonl"
-        records: list[dict[str, Any]] = [json.loads(line) for line in path.read_text().splitlines()]
-        return [r["loss"] for r in records]
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def losses(self, run_dir: str) -> list[float]:
+        return [r["loss"] for r in self.records(run_dir)]
 
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory: pytest.TempPathFactory) -> SftRuns:
     runs = SftRuns(tmp_path_factory.mktemp("sft"))
-    runs.run("packed", ["train.max_steps=20", "checkpoint.save_interval=20"])
+    runs.run("packed", ["train.max_steps=20", "checkpoint.save_interval=20", *EVAL])
     return runs
 
 
@@ -64,14 +69,19 @@ def test_packed_sft_learns_the_answers(sft: SftRuns) -> None:
     assert len(losses) == 20
     # From ln(512) = 6.2 at random; the answers follow from the questions, so it falls fast.
     assert losses[0] > 5.5 and losses[-1] < losses[0] - 3.0, losses
+    # Held-out pairs (data.split's validation part) are answered better too.
+    val = {r["step"]: r["val_loss"] for r in sft.records("packed") if "val_loss" in r}
+    assert list(val) == [10, 20] and val[20] < val[10] < losses[0] - 2.0, val
 
 
 def test_resume_continues_with_the_rows_of_an_uninterrupted_run(sft: SftRuns) -> None:
     """10 steps, stop, resume to 20: the same losses as the 20 straight steps, exactly (CPU)."""
-    sft.run("chained", ["train.max_steps=10", "checkpoint.save_interval=10"])
-    out = sft.run("chained", ["train.max_steps=20", "checkpoint.save_interval=10"])
+    sft.run("chained", ["train.max_steps=10", "checkpoint.save_interval=10", *EVAL])
+    out = sft.run("chained", ["train.max_steps=20", "checkpoint.save_interval=10", *EVAL])
     assert "resumed from" in out and "at step 10" in out
     assert sft.losses("chained") == sft.losses("packed")
+    chained, straight = sft.records("chained"), sft.records("packed")
+    assert [r.get("val_loss") for r in chained] == [r.get("val_loss") for r in straight]
 
 
 def test_pretrained_weights_start_a_fresh_fine_tune(sft: SftRuns) -> None:
