@@ -35,9 +35,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def dataset(path: Path, tok, *, packing: bool, num_samples: int = 10, seq: int = SEQ) -> SFTDataset:
+def dataset(
+    path: Path, tok, *, packing: bool, num_samples: int = 10, seq: int = SEQ, **split: str
+) -> SFTDataset:
     return SFTDataset(
-        str(path), tok, seq_length=seq, num_samples=num_samples, packing=packing, seed=7
+        str(path), tok, seq_length=seq, num_samples=num_samples, packing=packing, seed=7, **split
     )
 
 
@@ -171,28 +173,10 @@ def test_split_gives_disjoint_parts(tmp_path: Path, tok) -> None:
     assert split_range(7, "1", "train") == (0, 7) and split_range(7, "1", "valid") == (7, 7)
     path = write_jsonl(tmp_path / "all.jsonl", PAIRS)
     parts = {
-        part: SFTDataset(
-            str(path),
-            tok,
-            seq_length=SEQ,
-            num_samples=1,
-            packing=False,
-            seed=7,
-            split="80,20,0",
-            part=part,
-        )
+        part: dataset(path, tok, packing=False, split="80,20,0", part=part)
         for part in ("train", "valid")
     }
     train, valid = ({p.ids.tobytes() for p in ds.pairs} for ds in parts.values())
     assert len(train) == 32 and len(valid) == 8 and not train & valid
     with pytest.raises(SFTDataError, match="data.split"):
-        SFTDataset(
-            str(path),
-            tok,
-            seq_length=SEQ,
-            num_samples=1,
-            packing=False,
-            seed=7,
-            split="1,0,0",
-            part="valid",
-        )
+        dataset(path, tok, packing=False, split="1,0,0", part="valid")

@@ -90,6 +90,25 @@ def _data_iterators(microbatches: list[dict], num_chunks: int) -> Any:
     return [iter(microbatches) for _ in range(num_chunks)]
 
 
+def _run_schedule(
+    model: list[torch.nn.Module],
+    microbatches: list[dict],
+    seq_length: int,
+    micro_batch_size: int,
+    forward_only: bool,
+) -> list[dict]:
+    """The step's microbatches through Megatron's (pipeline) schedule; each one's loss report."""
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=_data_iterators(microbatches, len(model)),
+        model=model,
+        num_microbatches=len(microbatches),
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
 def train_step(
     model: list[torch.nn.Module],
     optimizer: Any,
@@ -103,16 +122,7 @@ def train_step(
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    forward_backward = get_forward_backward_func()
-    losses = forward_backward(
-        forward_step_func=forward_step,
-        data_iterator=_data_iterators(microbatches, len(model)),
-        model=model,
-        num_microbatches=len(microbatches),
-        seq_length=seq_length,
-        micro_batch_size=micro_batch_size,
-        forward_only=False,
-    )
+    losses = _run_schedule(model, microbatches, seq_length, micro_batch_size, forward_only=False)
     lr = get_canonical_lr_for_logging(optimizer.param_groups)  # the LR this update uses
     updated, grad_norm, _ = optimizer.step()
     if updated:
@@ -137,14 +147,8 @@ def eval_step(
         chunk.eval()
     try:
         with torch.no_grad():
-            losses = get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=_data_iterators(microbatches, len(model)),
-                model=model,
-                num_microbatches=len(microbatches),
-                seq_length=seq_length,
-                micro_batch_size=micro_batch_size,
-                forward_only=True,
+            losses = _run_schedule(
+                model, microbatches, seq_length, micro_batch_size, forward_only=True
             )
     finally:
         for chunk in model:
