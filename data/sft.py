@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from training.config import split_weights
+
 PROMPT_KEYS = ("prompt", "input")
 RESPONSE_KEYS = ("response", "output")
 BATCH = 512  # pairs per tokenizer call
@@ -151,8 +153,7 @@ def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 def split_range(n: int, split: str, part: str) -> tuple[int, int]:
     """[first, last) of `part` ("train", "valid" or "test") among n shuffled pairs, by the weights
     of data.split ("969,30,1": train, validation, test), as Megatron splits a corpus."""
-    weights = [float(w) for w in split.replace("/", ",").split(",")]
-    weights += [0.0] * (3 - len(weights))
+    weights = split_weights(split)
     total = sum(weights)
     bounds = [0]
     for w in weights:

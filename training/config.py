@@ -162,6 +162,16 @@ class DataConfig:
     pin_memory: bool = True
 
 
+def split_weights(split: str) -> list[float]:
+    """data.split ("969,30,1", or with "/") as [train, validation, test] weights, missing ones 0.
+
+    ValueError for anything but one to three non-negative numbers with a positive sum."""
+    weights = [float(w) for w in split.replace("/", ",").split(",")]
+    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(f"data.split={split!r}: not 1 to 3 non-negative weights")
+    return weights + [0.0] * (3 - len(weights))
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     global_batch_size: int

@@ -100,6 +100,8 @@ class Trainer:
         distributed.init_process_group(launch, device)
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
+        # Every rank of a replica (its TP, PP and CP ranks) reads that replica's samples.
+        self.dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
         self.torch_device = (
             torch.device("cuda", torch.cuda.current_device())
             if device == "cuda"
@@ -122,14 +124,12 @@ class Trainer:
         self.flops_per_token = _flops_per_token(cfg)
 
     def _batches(self, consumed_samples: int) -> Any:
-        dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
-        if self.cfg.data.kind == "energon":  # images + text through Energon's savable loader
+        cfg, derived, dp_rank = self.cfg, self.derived, self.dp_rank
+        if cfg.data.kind == "energon":  # images + text through Energon's savable loader
             from data.energon import EnergonBatches
 
-            return EnergonBatches(self.cfg, self.derived, dp_rank, self.device, consumed_samples)
-        return TrainBatches(
-            self.cfg, self.derived, self.dataset, dp_rank, self.device, consumed_samples
-        )
+            return EnergonBatches(cfg, derived, dp_rank, self.device, consumed_samples)
+        return TrainBatches(cfg, derived, self.dataset, dp_rank, self.device, consumed_samples)
 
     # --- the checkpoint seam ------------------------------------------------------------------
     def state_for_checkpoint(self) -> dict[str, Any]:
@@ -189,8 +189,7 @@ class Trainer:
         if interval <= 0 or self.step % interval:
             return None
         cfg = self.cfg
-        dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
-        batches = TrainBatches(cfg, self.derived, self.valid_dataset, dp_rank, self.device)
+        batches = TrainBatches(cfg, self.derived, self.valid_dataset, self.dp_rank, self.device)
         losses = [
             eval_step(
                 self.model,

@@ -8,7 +8,7 @@ login node in milliseconds. The engine calls the same `validate` on every rank a
 from __future__ import annotations
 
 from training import layout as layouts
-from training.config import TrainingConfig
+from training.config import TrainingConfig, split_weights
 from training.finalize import Derived, finalize
 from training.hardware import GPUS, Cluster
 from training.precision import PRESETS, gpu_runs
@@ -450,10 +450,8 @@ def _evaluation(cfg: TrainingConfig) -> list[Problem]:
     """data.split's weights, and train.eval_interval's validation batches."""
     train, data, out = cfg.train, cfg.data, []
     try:
-        weights = [float(w) for w in data.split.replace("/", ",").split(",")]
+        weights = split_weights(data.split)
     except ValueError:
-        weights = []
-    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
         out.append(
             Problem(
                 "data.split",
@@ -461,7 +459,7 @@ def _evaluation(cfg: TrainingConfig) -> list[Problem]:
                 "and test, e.g. data.split=969,30,1",
             )
         )
-        weights = [1.0]
+        weights = [1.0, 0.0, 0.0]
     if train.eval_interval < 0:
         out.append(
             Problem("train.eval_interval", f"must be 0 (never) or more, got {train.eval_interval}")
@@ -478,7 +476,7 @@ def _evaluation(cfg: TrainingConfig) -> list[Problem]:
                 "data has no validation loader here yet. Set train.eval_interval=0",
             )
         )
-    elif data.kind in ("indexed", "sft") and (len(weights) < 2 or weights[1] == 0):
+    elif data.kind in ("indexed", "sft") and weights[1] == 0:
         out.append(
             Problem(
                 "data.split",
