@@ -3,8 +3,8 @@
 The proxy keeps what sets a layer's speed (hidden 4096, FFN 14336, 32 heads in 8 query groups,
 sequence 8192, vocabulary 128256, micro batch 1) and takes as many layers as the memory estimate
 says fit on this GPU, so that one GPU runs the recipe's real kernels. MFU is measured against the
-GPU's dense peak in the precision of the GEMMs (training/hardware.py), with the causal FLOPs formula
-(training/estimate.py). Target: at least 50% MFU in BF16.
+GPU's dense peak in the precision of the GEMMs (config/hardware.py), with the causal FLOPs formula
+(config/estimate.py). Target: at least 50% MFU in BF16.
 
     # on a machine with one H100/H200 and this repository installed (torch + megatron-core, TE optional)
     python bench/gpu_llama3_8b_proxy.py [--layers N] [--steps 30] [--precision bf16_mixed ...]
@@ -28,11 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from config.estimate import estimate_memory  # noqa: E402
+from config.finalize import finalize  # noqa: E402
+from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
+from config.tree import apply_overrides, to_dict  # noqa: E402
 from recipes.registry import get  # noqa: E402
-from training.estimate import estimate_memory  # noqa: E402
-from training.finalize import finalize  # noqa: E402
-from training.hardware import Cluster, gpu_from_device_name  # noqa: E402
-from training.tree import apply_overrides, to_dict  # noqa: E402
 
 PRECISIONS = ["bf16_mixed", "bf16_with_fp8_current_scaling_mixed"]
 
@@ -101,7 +101,7 @@ def main() -> None:
     name = torch.cuda.get_device_name()
     gpu = gpu_from_device_name(name)
     if gpu is None:
-        sys.exit(f"unknown GPU {name!r}: MFU needs its peak in training/hardware.py")
+        sys.exit(f"unknown GPU {name!r}: MFU needs its peak in config/hardware.py")
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precision:

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from config.finalize import Derived
+from config.schema import TrainingConfig
 from data.vlm_encoder import EncoderConfig, VLMBatch, VLMTaskEncoder
 from training.batches import on_device
-from training.config import TrainingConfig
-from training.finalize import Derived
 
 SAMPLE_LOG_ENV = "RECIPES_SAMPLE_LOG"
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.config import TrainingConfig
+    from config.schema import TrainingConfig
 
 
 def _always() -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.config import TrainingConfig
+    from config.schema import TrainingConfig
 
 # End-of-document candidates, most specific first, for a bare tokenizer.json that does not say
 # which token ends a document: GPT-2/Qwen/ours, Llama 3 base, Llama 2/Mistral, Gemma.

@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from training.config import TrainingConfig
-from training.tree import suggest
+from config.schema import TrainingConfig
+from config.tree import suggest
 
 _SECRET = re.compile(r"(_API_KEY|_TOKEN)\Z|SECRET|PASSWORD|\AWANDB_API_KEY\Z|\AHF_TOKEN\Z")
 RECIPE_PREFIXES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_", "TORCH_NCCL_")

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from config.schema import TrainingConfig
+from config.tree import ConfigError
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
-from training.config import TrainingConfig
-from training.tree import ConfigError
 
 
 def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from config.tree import ConfigError
 from launchers.env import EnvPlan
 from launchers.slurm import ENTRY_MODULE
-from training.tree import ConfigError
 
 
 def local_executor(procs_per_node: int, env: Mapping[str, str]) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from training.tree import ConfigError
+from config.tree import ConfigError
 
 # Checkpoint folders given as host paths: the Slurm launcher maps them into the container itself
 # (launchers/slurm.py); every other path in a config is as the container sees it.

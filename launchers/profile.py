@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.tree import ConfigError, field_types, suggest
+from config.tree import ConfigError, field_types, suggest
 
 EXECUTORS = ("local", "slurm", "slurm-apptainer", "slurm-bare")
 CONTAINERISED = ("slurm", "slurm-apptainer")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import jinja2
 
+from config.tree import ConfigError
 from launchers.slurm import Arg, Raw, SlurmJob, check_job, sbatch_options, srun_command
-from training.tree import ConfigError
 
 _TEMPLATES = Path(__file__).parent / "templates"
 

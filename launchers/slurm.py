@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from config.schema import TrainingConfig
+from config.tree import ConfigError
 from launchers.env import EnvPlan, plan_env
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, check_text, parse_mounts, require_mounted
 from launchers.profile import Profile
-from training.config import TrainingConfig
-from training.tree import ConfigError
 
 ENTRY_MODULE = "training.entry"  # what every rank runs: python -m training.entry --config PATH
 

@@ -22,10 +22,10 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from config.finalize import Derived
+from config.precision import PrecisionPreset
+from config.schema import TrainingConfig
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
-from training.config import TrainingConfig
-from training.finalize import Derived
-from training.precision import PrecisionPreset
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.

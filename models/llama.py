@@ -8,7 +8,7 @@ RoPE base 500,000. The 3.1/3.2 configs also carry "llama3" RoPE frequency scalin
 
 from __future__ import annotations
 
-from training.config import ModelConfig
+from config.schema import ModelConfig
 
 LLAMA3_VOCAB = 128_256
 LLAMA3_ROPE_BASE = 500_000

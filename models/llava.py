@@ -10,9 +10,9 @@ layer; the class token is kept (VisionConfig.class_token), so one image takes
 
 from __future__ import annotations
 
+from config.schema import ModelConfig, VisionConfig
 from models.llama import llama3_8b
 from models.tiny import tiny_gpt
-from training.config import ModelConfig, VisionConfig
 
 
 def clip_vit_l14_336(*, freeze_vision: bool = True, freeze_language: bool = False) -> VisionConfig:

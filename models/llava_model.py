@@ -13,7 +13,7 @@ Layer specs: Transformer Engine's when it imports on a GPU; otherwise Megatron-C
 with core attention through torch's SDPA (models/specs.py `SdpaAttention`), the CPU smoke mode
 included. Two CUDA/TE assumptions of CLIPViTModel are bridged while the model is built without TE
 (see `_without_te`). The encoder and the LM live on one pipeline stage: the checker rejects PP > 1
-for arch "llava" (training/validation.py).
+for arch "llava" (config/rules/).
 
 Freezing (model.vision.freeze_vision / freeze_language) sets requires_grad=False before the model
 is wrapped in DDP, so frozen weights get no gradient buffer and no optimizer state.
@@ -45,9 +45,9 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from config.finalize import Derived
+from config.schema import TrainingConfig
 from models.specs import SdpaAttention, choose_backend
-from training.config import TrainingConfig
-from training.finalize import Derived
 
 # What the vision and projector configs take over from the language model's config.
 _SHARED_FIELDS = (

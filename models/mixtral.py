@@ -5,7 +5,7 @@ Plain functions returning `ModelConfig` (no torch: these sit on the one-second C
 
 from __future__ import annotations
 
-from training.config import ModelConfig
+from config.schema import ModelConfig
 
 
 def mixtral_8x7b(seq_length: int = 4096) -> ModelConfig:

@@ -7,7 +7,7 @@ per step. Plain functions returning `ModelConfig` (no torch: these sit on the on
 
 from __future__ import annotations
 
-from training.config import ModelConfig
+from config.schema import ModelConfig
 
 
 def tiny_gpt(seq_length: int = 128) -> ModelConfig:

@@ -10,7 +10,7 @@ to 0) on prompt/response JSONL (data.kind=sft), starting from checkpoint.pretrai
 
 from __future__ import annotations
 
-from training.config import (
+from config.schema import (
     CheckpointConfig,
     DataConfig,
     ModelConfig,

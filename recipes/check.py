@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from training.config import TrainingConfig
-from training.estimate import MemoryEstimate, estimate_memory, model_flops_per_token
-from training.finalize import Derived, finalize
-from training.hardware import Cluster
-from training.validation import Problem, validate
+from config.estimate import MemoryEstimate, estimate_memory, model_flops_per_token
+from config.finalize import Derived, finalize
+from config.hardware import Cluster
+from config.rules import Problem, validate
+from config.schema import TrainingConfig
 
 EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
 
@@ -123,7 +123,7 @@ def fixes_that_fit(cfg: TrainingConfig, cluster: Cluster, limit: int = 3) -> lis
     Each is a set of overrides (plus `--nodes N` where the job must grow), checked with the same
     rules and estimate as the config itself, so a suggestion is never itself invalid.
     """
-    from training.tree import apply_overrides
+    from config.tree import apply_overrides
 
     found: list[str] = []
     for nodes in (cluster.num_nodes * k for k in (1, 2, 4, 8, 16, 32, 64)):

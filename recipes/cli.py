@@ -10,12 +10,12 @@ import argparse
 import json
 import sys
 
+from config.hardware import GPUS, Cluster
+from config.schema import TrainingConfig
+from config.tree import ConfigError, apply_overrides, to_dict
 from data.cli import add_data_parser, cmd_data
 from recipes.check import EXIT_INVALID, check, render
 from recipes.registry import Recipe, all_recipes, get
-from training.config import TrainingConfig
-from training.hardware import GPUS, Cluster
-from training.tree import ConfigError, apply_overrides, to_dict
 
 
 def resolve(name: str, overrides: list[str]) -> tuple[Recipe, TrainingConfig]:

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+from config.tree import ConfigError, apply_overrides, to_dict
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
 from launchers.profile import Profile, load_profile, replace
@@ -27,9 +30,6 @@ from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.cli import cluster_for
 from recipes.registry import Recipe, get
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
-from training.config import TrainingConfig
-from training.hardware import Cluster
-from training.tree import ConfigError, apply_overrides, to_dict
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ from typing import Any
 
 import nemo_run as run
 
+from config.schema import TrainingConfig
 from recipes.registry import all_recipes, get
-from training.config import TrainingConfig
 from training.entry import pretrain
 
 

@@ -14,9 +14,9 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from training.config import TrainingConfig
-from training.hardware import Cluster
-from training.tree import ConfigError, suggest
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+from config.tree import ConfigError, suggest
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from training.config import TrainingConfig
+from config.schema import TrainingConfig
 
 HIDDEN = 64
 HEAD_DIM = 16

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from config.finalize import finalize
+from config.tree import to_dict
 from recipes.registry import all_recipes
-from training.finalize import finalize
-from training.tree import to_dict
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -12,16 +12,14 @@ import re
 
 import pytest
 
+from config.finalize import finalize
+from config.hardware import GPUS
+from config.rules import validate
 from recipes.registry import Recipe, all_recipes
-from training.finalize import finalize
-from training.hardware import GPUS
-from training.validation import validate
 
 RECIPES = all_recipes()
-HAS_ESTIMATE = importlib.util.find_spec("training.estimate") is not None
-needs_estimate = pytest.mark.skipif(
-    not HAS_ESTIMATE, reason="training/estimate.py is not there yet"
-)
+HAS_ESTIMATE = importlib.util.find_spec("config.estimate") is not None
+needs_estimate = pytest.mark.skipif(not HAS_ESTIMATE, reason="config/estimate.py is not there yet")
 
 REQUIRED = [
     "llama32_1b_pretrain",
@@ -154,7 +152,7 @@ def test_uneven_pipelines_get_the_published_balanced_layout() -> None:
 @needs_estimate
 @pytest.mark.parametrize("name", _ids(RECIPES))
 def test_recipe_fits_its_gpu(name: str) -> None:
-    from training.estimate import estimate_memory
+    from config.estimate import estimate_memory
 
     recipe = RECIPES[name]
     cfg = recipe.config()
@@ -167,7 +165,7 @@ def test_recipe_fits_its_gpu(name: str) -> None:
 @needs_estimate
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS_B))
 def test_parameter_count_matches_the_published_model(name: str) -> None:
-    from training.estimate import count_parameters
+    from config.estimate import count_parameters
 
     count = count_parameters(RECIPES[name].config())
     # Published totals leave out DeepSeek-V3's multi-token-prediction module.

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from config.schema import DataConfig, ModelConfig, TrainConfig, TrainingConfig
 from data.indexed import JsonlError, iter_jsonl_texts, jsonl_to_indexed
 from data.jsonl_to_indexed import main as jsonl_cli
 from data.make_tokenizer import EOD, train_bpe_tokenizer
 from data.pretrain import build_pretrain_datasets, parse_blend
 from data.tokenizer import build_tokenizer, load_tokenizer
-from training.config import DataConfig, ModelConfig, TrainConfig, TrainingConfig
 
 WORDS = (
     "the model trains on tokens while gradients flow through every layer of the network and "

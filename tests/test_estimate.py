@@ -1,6 +1,6 @@
 """Parameter counts, FLOPs and the memory estimate: worked by hand and calibrated on published runs.
 
-Every run of /work/shared/PUBLISHED_LAYOUTS.md ran on 80 GB H100s (79.2 GiB in training/hardware.py),
+Every run of /work/shared/PUBLISHED_LAYOUTS.md ran on 80 GB H100s (79.2 GiB in config/hardware.py),
 so the estimate must predict that each fits. Architectures are written out here rather than taken
 from models/, so that these tests pin the estimator alone. The published performance runs reduce
 gradients in BF16 (NeMo / Megatron-Bridge performance configs set grad_reduce_in_fp32=False), and
@@ -13,15 +13,7 @@ import copy
 
 import pytest
 
-from training.config import (
-    ModelConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    TrainConfig,
-    TrainingConfig,
-    VisionConfig,
-)
-from training.estimate import (
+from config.estimate import (
     GIB,
     OVERHEAD_GIB,
     _in_flight,
@@ -29,8 +21,16 @@ from training.estimate import (
     estimate_memory,
     model_flops_per_token,
 )
-from training.finalize import finalize
-from training.hardware import GPUS, Cluster
+from config.finalize import finalize
+from config.hardware import GPUS, Cluster
+from config.schema import (
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    TrainConfig,
+    TrainingConfig,
+    VisionConfig,
+)
 
 H100_GIB = GPUS["h100"].memory_gib
 

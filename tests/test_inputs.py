@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from config.tree import ConfigError, apply_overrides
 from launchers.inputs import check_inputs, input_paths
 from launchers.profile import Profile
 from recipes.registry import get
-from training.tree import ConfigError, apply_overrides
 
 LOCAL = Profile(executor="local")
 

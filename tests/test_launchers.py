@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from config.schema import TrainingConfig
+from config.tree import ConfigError, apply_overrides
 from launchers.env import is_secret, plan_env, recipe_env
 from launchers.local import config_argument, process_env
 from launchers.profile import Profile, from_toml, load_profile, time_to_minutes
@@ -25,8 +27,6 @@ from launchers.sbatch import render, submit
 from launchers.slurm import SlurmJob, nemo_executor, slurm_job
 from recipes.registry import get
 from tests.golden_sbatch import sbatch_goldens
-from training.config import TrainingConfig
-from training.tree import ConfigError, apply_overrides
 
 PROFILES = Path(__file__).parent.parent / "launchers" / "profiles"
 FAKES = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import LoggingConfig, ModelConfig, TrainConfig, TrainingConfig
+from config.schema import LoggingConfig, ModelConfig, TrainConfig, TrainingConfig
 from training.metrics import STANDARD_KEYS, MetricsLogger, read_metrics
 
 

@@ -12,10 +12,10 @@ run = pytest.importorskip("nemo_run")
 
 from nemo_run.cli.cli_parser import parse_cli_args  # noqa: E402
 
+from config.tree import apply_overrides  # noqa: E402
 from recipes.nemo import from_partial, partial, register_factories  # noqa: E402
 from recipes.registry import all_recipes, get  # noqa: E402
 from training.entry import pretrain  # noqa: E402
-from training.tree import apply_overrides  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(all_recipes()))

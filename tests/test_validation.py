@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig
-from training.finalize import finalize
-from training.hardware import Cluster
-from training.tree import ConfigError, apply_overrides
-from training.validation import validate
+from config.finalize import finalize
+from config.hardware import Cluster
+from config.rules import validate
+from config.schema import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig
+from config.tree import ConfigError, apply_overrides
 
 
 def llama_like() -> TrainingConfig:

@@ -6,13 +6,13 @@ import pytest
 import torch
 from megatron.energon import CaptioningSample, InterleavedSample, VQASample
 
+from config.estimate import count_parameters, estimate_memory
+from config.finalize import finalize
+from config.hardware import Cluster
+from config.rules import validate
 from data.make_tokenizer import train_bpe_tokenizer
 from data.vlm_encoder import IMAGE_TOKEN, EncoderConfig, VLMTaskEncoder, preprocess_image
 from recipes.registry import get
-from training.estimate import count_parameters, estimate_memory
-from training.finalize import finalize
-from training.hardware import Cluster
-from training.validation import validate
 
 WORDS = "a red blue green circle square on the white black background what colour is it".split()
 

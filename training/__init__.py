@@ -1,7 +1,7 @@
-"""The training engine. `training.pretrain(config)` runs on every rank (see training/entry.py).
+"""The training engine: `training.pretrain(config)` runs on every rank (see training/entry.py).
 
-Importing this package stays free of torch and Megatron-Core (the CLI's one-second path imports
-the config tree from here), so `pretrain` is resolved on first use.
+The config schema it trains from lives one floor down, in `config/` (torch-free). Importing this
+package stays free of torch and Megatron-Core, so `pretrain` is resolved on first use.
 """
 
 from __future__ import annotations

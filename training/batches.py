@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from training.config import TrainingConfig
-from training.finalize import Derived
+from config.finalize import Derived
+from config.schema import TrainingConfig
 
 
 def on_device(micro: list[dict[str, torch.Tensor]], device: str) -> list[dict[str, torch.Tensor]]:

@@ -19,9 +19,9 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from config.finalize import Derived
+from config.schema import TrainingConfig
 from models.gpt import build_chunks, transformer_config
-from training.config import TrainingConfig
-from training.finalize import Derived
 
 _PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -40,9 +40,9 @@ from typing import Any
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 
+from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
 from training import checkpoint_state as ckpt_state
-from training.config import TrainingConfig
 from training.exit_signals import ExitSignals
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
-from training.config import TrainingConfig
-from training.tree import to_dict
+from config.schema import TrainingConfig
+from config.tree import to_dict
 
 FORMAT_VERSION = 1
 

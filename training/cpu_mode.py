@@ -19,7 +19,7 @@ on GPUs):
    '.cuda' the checks expect, and `.cuda()` leaves them where they are (`_as_if_on_cuda`).
    A new call site of this kind (a checkpoint path, say) is one more line in `enable()`.
 
-What still needs a GPU (see training/validation.py `_cpu`): sequence parallel, context parallel,
+What still needs a GPU (see config/rules/ `_cpu`): sequence parallel, context parallel,
 the alltoall MoE dispatcher and FP8. Measured here: TP, PP (with virtual stages), DP with the
 distributed optimizer and EP with the allgather dispatcher train over gloo.
 """

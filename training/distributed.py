@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from training.config import TrainingConfig
-from training.finalize import Derived
+from config.finalize import Derived
+from config.schema import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)

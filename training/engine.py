@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
+from config.finalize import Derived
+from config.schema import TrainingConfig
 from models.gpt import chunks_per_rank
 from training import distributed
 from training.batches import TrainBatches, build_dataset
 from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
-from training.config import TrainingConfig
-from training.finalize import Derived
 from training.metrics import MetricsLogger
 from training.step import eval_step, train_step
 
@@ -51,9 +51,9 @@ class Hook(Protocol):
 
 
 def _flops_per_token(cfg: TrainingConfig) -> float | None:
-    """Model FLOPs per trained token (forward + backward) from training.estimate, when present."""
+    """Model FLOPs per trained token (forward + backward) from config.estimate, when present."""
     try:
-        from training.estimate import model_flops_per_token
+        from config.estimate import model_flops_per_token
     except ImportError:
         return None
     return float(model_flops_per_token(cfg))

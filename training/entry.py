@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from training.config import TrainingConfig
-from training.hardware import Cluster
-from training.tree import ConfigError, apply_overrides, from_dict, to_dict
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+from config.tree import ConfigError, apply_overrides, from_dict, to_dict
 
 
 def cluster_from_env(device: str) -> Cluster:
@@ -27,7 +27,7 @@ def cluster_from_env(device: str) -> Cluster:
         return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
     import torch
 
-    from training.hardware import gpu_from_device_name
+    from config.hardware import gpu_from_device_name
 
     name = torch.cuda.get_device_name()
     kind = gpu_from_device_name(name)
@@ -65,11 +65,11 @@ def _write_config(cfg: TrainingConfig, path: Path) -> None:
 def pretrain(config: TrainingConfig) -> None:
     """Check `config` against the cluster this rank runs on, then train it (every rank calls this).
 
-    Raises training.tree.ConfigError, naming every problem, before any process group exists.
+    Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
+    from config.finalize import finalize
+    from config.rules import validate
     from training.distributed import resolve_device
-    from training.finalize import finalize
-    from training.validation import validate
 
     device = resolve_device(config.train.device)
     cluster = cluster_from_env(device)

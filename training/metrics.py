@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.config import TrainingConfig
+    from config.schema import TrainingConfig
 
 # Always present in each line (null when the engine had no value), so that readers can rely on them.
 STANDARD_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu", "mfu")

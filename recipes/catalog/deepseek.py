@@ -14,10 +14,10 @@ an explicit pipeline_model_parallel_layout.
 
 from __future__ import annotations
 
+from config.schema import ParallelConfig, TrainingConfig
 from models.deepseek import deepseek_v3
 from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import ParallelConfig, TrainingConfig
 
 FP8_BLOCKWISE = "bf16_with_fp8_subchannel_scaling_mixed"
 MB = "Megatron-Bridge performance summary"

@@ -21,9 +21,7 @@ weights must come from a converted Megatron checkpoint; this catalog does not co
 
 from __future__ import annotations
 
-from models.llava import llava_llama3_8b, tiny_llava
-from recipes.registry import recipe
-from training.config import (
+from config.schema import (
     CheckpointConfig,
     DataConfig,
     ModelConfig,
@@ -33,6 +31,8 @@ from training.config import (
     TrainConfig,
     TrainingConfig,
 )
+from models.llava import llava_llama3_8b, tiny_llava
+from recipes.registry import recipe
 
 PRETRAIN_SOURCE = (
     "NeMo 2 llava_next_7b.pretrain_recipe layout (8 GPUs, TP4, seq 4096, MBS 2) with LLaVA-1.5 "

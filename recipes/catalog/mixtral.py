@@ -8,10 +8,10 @@ run on other hardware or precision changed. CUDA graphs used on Blackwell are le
 
 from __future__ import annotations
 
+from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.mixtral import mixtral_8x7b
 from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 NEMO = "NeMo performance summary (recommended_model_configs"

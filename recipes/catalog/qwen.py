@@ -9,10 +9,10 @@ CUDA graphs; these recipes use the alltoall dispatcher and no graphs, the engine
 
 from __future__ import annotations
 
+from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.qwen import qwen3_30b_a3b
 from recipes.base import pretrain
 from recipes.registry import recipe
-from training.config import ModelConfig, ParallelConfig, TrainingConfig
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MB = "Megatron-Bridge performance summary"

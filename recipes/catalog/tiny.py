@@ -8,9 +8,7 @@ need a GPU, so these recipes leave them off.
 
 from __future__ import annotations
 
-from models.tiny import tiny_gpt, tiny_moe
-from recipes.registry import recipe
-from training.config import (
+from config.schema import (
     CheckpointConfig,
     DataConfig,
     ModelConfig,
@@ -20,6 +18,8 @@ from training.config import (
     TrainConfig,
     TrainingConfig,
 )
+from models.tiny import tiny_gpt, tiny_moe
+from recipes.registry import recipe
 
 SOURCE = "CPU smoke recipe, not a published run"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from megatron.core.dist_checkpointing.strategies import async_utils
 
+from config.schema import TrainingConfig
 from training import checkpoint, cpu_mode, entry
-from training.config import TrainingConfig
 
 _init = checkpoint.CheckpointHook.__init__
 

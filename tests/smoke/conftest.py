@@ -45,8 +45,8 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def resolved_config(root: Path, recipe: str) -> Path:
     """A catalog recipe resolved into root/<recipe>.yaml, as `recipes run` writes it for the ranks."""
+    from config.tree import to_dict
     from recipes.cli import resolve
-    from training.tree import to_dict
 
     _, cfg = resolve(recipe, [])
     path = root / f"{recipe}.yaml"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from config.hardware import Cluster
+from config.rules import validate
 from recipes.registry import all_recipes
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
-from training.hardware import Cluster
-from training.validation import validate
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]

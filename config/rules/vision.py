@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from training.config import TrainingConfig
-from training.finalize import Derived
-from training.hardware import Cluster
-from training.problems import Problem, choices, divisors
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.problems import Problem, choices, divisors
+from config.schema import TrainingConfig
 
 
 def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:

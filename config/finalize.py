@@ -2,17 +2,17 @@
 
 Nothing derived is ever stored in a recipe, so an override can never leave a stale value behind.
 `finalize` never raises: a value that cannot be derived (a data-parallel size that is not whole) is
-None here, and `training.validation.validate` reports why.
+None here, and `config.rules.validate` reports why.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training import layout as layouts
-from training.config import TrainingConfig
-from training.hardware import Cluster
-from training.precision import PRESETS, PrecisionPreset
+from config import layout as layouts
+from config.hardware import Cluster
+from config.precision import PRESETS, PrecisionPreset
+from config.schema import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.config import ModelConfig, TrainingConfig
-from training.finalize import Derived, padded_vocab_size
-from training.hardware import Cluster
+from config.finalize import Derived, padded_vocab_size
+from config.hardware import Cluster
+from config.schema import ModelConfig, TrainingConfig
 
 GIB = 2**30
 # What no tensor accounts for: the CUDA context and kernels (~0.6 GiB on H100 with lazy loading),

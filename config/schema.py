@@ -4,7 +4,7 @@ Field names follow Megatron-Core's own (ModelParallelConfig, TransformerConfig, 
 that users recognise them. Nothing here imports torch, Megatron-Core or NeMo-Run: the CLI checks a
 config in well under a second, and the engine re-checks the same tree with the same code on every
 rank. Values that follow from others (data-parallel size, microbatches, pipeline grouping) are not
-stored here; `training.finalize.finalize` derives them after overrides.
+stored here; `config.finalize.finalize` derives them after overrides.
 
 `Optional[X]` rather than `X | None` on purpose: NeMo-Run's dotlist parser rejects `None` for PEP 604
 unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-Run config. For the
@@ -220,7 +220,7 @@ class TrainingConfig:
     name: str  # the recipe's name, used for run directories and job names
     model: ModelConfig
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    precision: str = "bf16_mixed"  # a preset name, see training/precision.py
+    precision: str = "bf16_mixed"  # a preset name, see config/precision.py
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -87,7 +87,7 @@ PRESETS: dict[str, PrecisionPreset] = _presets()
 
 
 def gpu_runs(gpu_spec, preset: PrecisionPreset) -> bool:
-    """Whether a GPU (training.hardware.GpuSpec) has the tensor cores the preset needs."""
+    """Whether a GPU (config.hardware.GpuSpec) has the tensor cores the preset needs."""
     need = preset.needs
     if need is None:
         return True

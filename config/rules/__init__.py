@@ -1,0 +1,36 @@
+"""Every rule a config must pass before it may take a GPU hour, one module per section.
+
+Each problem names the dotted field, the values involved and a fix. The rules mirror what
+Megatron-Core would assert minutes into a job (or what would silently degrade it), so they run on a
+login node in milliseconds. The engine calls the same `validate` on every rank at start-up.
+"""
+
+from __future__ import annotations
+
+from config.finalize import Derived, finalize
+from config.hardware import Cluster
+from config.problems import Problem
+from config.rules.batch import batch
+from config.rules.cluster import cluster_size
+from config.rules.model import model
+from config.rules.moe import moe
+from config.rules.parallel import parallel, pipeline
+from config.rules.precision import cpu, precision
+from config.rules.training import training
+from config.rules.vision import multimodal
+from config.schema import TrainingConfig
+
+__all__ = ["Problem", "validate"]
+
+RULES = (cluster_size, parallel, pipeline, batch, moe, model, multimodal, precision, cpu, training)
+
+
+def validate(
+    cfg: TrainingConfig, cluster: Cluster, derived: Derived | None = None
+) -> list[Problem]:
+    """All problems of `cfg` on `cluster`; an empty list means it can run."""
+    derived = derived or finalize(cfg, cluster)
+    problems: list[Problem] = []
+    for rule in RULES:
+        problems += rule(cfg, cluster, derived)
+    return problems

@@ -1,0 +1,48 @@
+"""The batch: global batch = micro batch x DP x microbatches, and what the interleaved schedule needs."""
+
+from __future__ import annotations
+
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.problems import Problem
+from config.schema import TrainingConfig
+
+
+def batch(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    train = cfg.train
+    out = []
+    if train.micro_batch_size < 1:
+        return [
+            Problem("train.micro_batch_size", f"must be at least 1, got {train.micro_batch_size}")
+        ]
+    if train.global_batch_size < 1:
+        return [
+            Problem("train.global_batch_size", f"must be at least 1, got {train.global_batch_size}")
+        ]
+    dp = d.data_parallel_size
+    if dp is None:
+        return out
+    if train.global_batch_size % (train.micro_batch_size * dp):
+        step = train.micro_batch_size * dp
+        lower = train.global_batch_size // step * step
+        out.append(
+            Problem(
+                "train.global_batch_size",
+                f"{train.global_batch_size} is not divisible by micro_batch_size x data_parallel_size = "
+                f"{train.micro_batch_size} x {dp} = {step}; use a multiple of {step} "
+                f"(e.g. {max(lower, step)} or {lower + step})",
+            )
+        )
+    pp, vpp = (
+        cfg.parallel.pipeline_model_parallel_size,
+        cfg.parallel.virtual_pipeline_model_parallel_size,
+    )
+    if d.num_microbatches is not None and vpp and vpp > 1 and d.num_microbatches % pp:
+        out.append(
+            Problem(
+                "train.global_batch_size",
+                f"the interleaved schedule needs the number of microbatches ({d.num_microbatches} = "
+                f"{train.global_batch_size} / ({train.micro_batch_size} x DP {dp})) to be a multiple of PP={pp}",
+            )
+        )
+    return out

@@ -1,0 +1,26 @@
+"""The job itself: a known GPU kind, at least one node and one GPU per node."""
+
+from __future__ import annotations
+
+from config.finalize import Derived
+from config.hardware import GPUS, Cluster
+from config.problems import Problem
+from config.schema import TrainingConfig
+
+
+def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    out = []
+    if cluster.gpu != "cpu" and cluster.gpu not in GPUS:
+        out.append(
+            Problem(
+                "cluster.gpu", f"unknown GPU kind '{cluster.gpu}'; choose one of {', '.join(GPUS)}"
+            )
+        )
+    if cluster.num_nodes < 1 or cluster.gpus_per_node < 1:
+        out.append(
+            Problem(
+                "cluster",
+                f"needs at least one node and one GPU per node, got {cluster.num_nodes} x {cluster.gpus_per_node}",
+            )
+        )
+    return out

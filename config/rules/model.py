@@ -1,0 +1,55 @@
+"""The architecture itself: layers, head dimension, query groups, recompute."""
+
+from __future__ import annotations
+
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.problems import Problem
+from config.schema import TrainingConfig
+
+
+def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    model = cfg.model
+    out = []
+    if model.num_layers < 1:
+        out.append(Problem("model.num_layers", f"must be at least 1, got {model.num_layers}"))
+    if (
+        model.kv_channels is None
+        and not model.multi_latent_attention
+        and model.hidden_size % model.num_attention_heads
+    ):
+        out.append(
+            Problem(
+                "model.num_attention_heads",
+                f"hidden_size={model.hidden_size} is not divisible by num_attention_heads={model.num_attention_heads}; "
+                "set model.kv_channels to the head dimension",
+            )
+        )
+    groups = model.num_query_groups
+    if groups is not None and (groups < 1 or model.num_attention_heads % groups):
+        out.append(
+            Problem(
+                "model.num_query_groups",
+                f"{groups} must divide num_attention_heads={model.num_attention_heads}",
+            )
+        )
+    choices = {
+        "model.normalization": (model.normalization, ("RMSNorm", "LayerNorm")),
+        "model.activation": (model.activation, ("swiglu", "gelu")),
+        "model.position_embedding_type": (
+            model.position_embedding_type,
+            ("rope", "learned_absolute", "none"),
+        ),
+        "model.recompute_granularity": (model.recompute_granularity, (None, "selective", "full")),
+        "model.arch": (model.arch, ("gpt", "llava")),
+    }
+    for field, (value, allowed) in choices.items():
+        if value not in allowed:
+            out.append(
+                Problem(field, f"'{value}' is not one of {', '.join(str(a) for a in allowed)}")
+            )
+    if model.recompute_granularity == "full" and model.recompute_method not in ("uniform", "block"):
+        out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
+    if model.arch == "llava" and model.vision is None:
+        out.append(Problem("model.vision", "arch 'llava' needs a vision section"))
+    return out

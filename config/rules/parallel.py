@@ -1,0 +1,153 @@
+"""The parallel layout: TP x PP x CP must divide the world; heads, groups and FFN over TP;
+sequence and context parallel against the sequence length; the pipeline split of the layers."""
+
+from __future__ import annotations
+
+from config import layout as layouts
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.problems import Problem, choices, divisors
+from config.schema import TrainingConfig
+
+
+def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    par, model = cfg.parallel, cfg.model
+    tp, pp, cp = (
+        par.tensor_model_parallel_size,
+        par.pipeline_model_parallel_size,
+        par.context_parallel_size,
+    )
+    sizes = {
+        "parallel.tensor_model_parallel_size": tp,
+        "parallel.pipeline_model_parallel_size": pp,
+        "parallel.context_parallel_size": cp,
+        "parallel.expert_model_parallel_size": par.expert_model_parallel_size,
+        "parallel.expert_tensor_parallel_size": d.expert_tensor_parallel_size,
+    }
+    out = [Problem(f, f"must be at least 1, got {v}") for f, v in sizes.items() if v < 1]
+    if out:
+        return out
+    world = d.world_size
+    if d.data_parallel_size is None:
+        # Name the size that cannot divide the world by itself; else the largest one.
+        candidates = [
+            ("parallel.context_parallel_size", cp),
+            ("parallel.pipeline_model_parallel_size", pp),
+            ("parallel.tensor_model_parallel_size", tp),
+        ]
+        field = next((f for f, v in candidates if v > 1 and world % v), None)
+        field = field or max(candidates, key=lambda c: c[1])[0]
+        fits = divisors(world)
+        out.append(
+            Problem(
+                field,
+                f"world size {world} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs) is not divisible "
+                f"by TP x PP x CP = {tp} x {pp} x {cp} = {d.model_parallel_size}; the product must divide the "
+                f"world size (one of {choices(fits)}), or change --nodes/--gpus-per-node",
+            )
+        )
+    if model.num_attention_heads % tp:
+        out.append(
+            Problem(
+                "parallel.tensor_model_parallel_size",
+                f"model.num_attention_heads={model.num_attention_heads} is not divisible by TP={tp}; "
+                f"use TP in {{{choices(divisors(model.num_attention_heads))}}}",
+            )
+        )
+    groups = model.num_query_groups
+    if groups is not None and not model.multi_latent_attention and groups % tp:
+        out.append(
+            Problem(
+                "parallel.tensor_model_parallel_size",
+                f"model.num_query_groups={groups} is not divisible by TP={tp}; every TP rank needs whole "
+                f"KV heads: use TP in {{{choices(divisors(groups))}}}",
+            )
+        )
+    if model.ffn_hidden_size % tp:
+        out.append(
+            Problem(
+                "parallel.tensor_model_parallel_size",
+                f"model.ffn_hidden_size={model.ffn_hidden_size} is not divisible by TP={tp}",
+            )
+        )
+    if par.sequence_parallel and tp == 1:
+        out.append(
+            Problem(
+                "parallel.sequence_parallel",
+                "sequence parallel splits activations over the TP group and needs TP > 1; "
+                "set parallel.sequence_parallel=false or raise parallel.tensor_model_parallel_size",
+            )
+        )
+    if par.sequence_parallel and model.seq_length % tp:
+        out.append(
+            Problem(
+                "model.seq_length",
+                f"seq_length={model.seq_length} must be divisible by TP={tp} with sequence parallel",
+            )
+        )
+    if cp > 1 and model.seq_length % (2 * cp):
+        out.append(
+            Problem(
+                "parallel.context_parallel_size",
+                f"model.seq_length={model.seq_length} must be divisible by 2 x CP = {2 * cp} (context "
+                "parallel splits each sequence into 2 x CP chunks to balance causal attention)",
+            )
+        )
+    return out
+
+
+def pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    par, model = cfg.parallel, cfg.model
+    pp, vpp = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
+    if pp < 1:
+        return []
+    out = []
+    if vpp is not None and vpp < 1:
+        return [
+            Problem(
+                "parallel.virtual_pipeline_model_parallel_size", f"must be None or >= 1, got {vpp}"
+            )
+        ]
+    if vpp is not None and vpp > 1 and pp == 1:
+        out.append(
+            Problem(
+                "parallel.virtual_pipeline_model_parallel_size",
+                f"virtual stages ({vpp}) interleave a pipeline and need pipeline_model_parallel_size > 1; "
+                "set it to None or raise parallel.pipeline_model_parallel_size",
+            )
+        )
+    if par.pipeline_model_parallel_layout:
+        if d.pipeline_chunks is None:
+            try:
+                layouts.parse(par.pipeline_model_parallel_layout)
+            except ValueError as err:
+                out.append(Problem("parallel.pipeline_model_parallel_layout", str(err)))
+            return out
+        for reason in layouts.check(
+            d.pipeline_chunks, model.num_layers, model.mtp_num_layers or 0, pp, vpp
+        ):
+            out.append(
+                Problem(
+                    "parallel.pipeline_model_parallel_layout",
+                    f"'{par.pipeline_model_parallel_layout}' {reason}",
+                )
+            )
+        return out
+    if d.pipeline_chunks is None:
+        chunks = pp * (vpp or 1)
+        what = f"PP x VPP = {pp} x {vpp} = {chunks} chunks" if vpp else f"{pp} pipeline stages"
+        options = [p for p in divisors(model.num_layers) if p <= 64]
+        field = (
+            "parallel.virtual_pipeline_model_parallel_size"
+            if vpp and model.num_layers % pp == 0
+            else "parallel.pipeline_model_parallel_size"
+        )
+        out.append(
+            Problem(
+                field,
+                f"model.num_layers={model.num_layers} do not split over {what}, not even with the embedding "
+                f"and loss counted as one layer each; use a PP x VPP that divides {model.num_layers} "
+                f"({choices(options)}) or give parallel.pipeline_model_parallel_layout explicitly",
+            )
+        )
+    return out
