@@ -59,10 +59,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -> None:
-    """torch.distributed from torchrun's MASTER_ADDR/PORT (a local one for a single process)."""
+def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -> bool:
+    """torch.distributed from torchrun's MASTER_ADDR/PORT (a local one for a single process).
+
+    Returns False when a default group already exists (a caller that runs several trainings in one
+    process group, or a test): it is used as it is, and whoever created it destroys it.
+    """
+    if device == "cpu":
+        from training import cpu_mode
+
+        cpu_mode.enable()  # idempotent
     if dist.is_initialized():
-        return
+        return False
     if "MASTER_ADDR" not in os.environ:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(_free_port())
@@ -76,15 +84,13 @@ def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -
             device_id=torch.device("cuda", launch.local_rank),
         )
     else:
-        from training import cpu_mode
-
-        cpu_mode.enable()
         dist.init_process_group(
             backend="gloo",
             rank=launch.rank,
             world_size=launch.world_size,
             timeout=timedelta(minutes=timeout_minutes),
         )
+    return True
 
 
 def init_model_parallel(cfg: TrainingConfig, derived: Derived, num_chunks: int) -> None:
@@ -118,11 +124,12 @@ def set_seeds(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def destroy() -> None:
-    """Tear down Megatron-Core's groups and the default group (safe to call twice)."""
+def destroy(process_group: bool = True) -> None:
+    """Tear down Megatron-Core's groups and, with `process_group`, the default group (safe to
+    call twice)."""
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
+    if process_group and dist.is_initialized():
         dist.destroy_process_group()

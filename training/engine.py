@@ -96,8 +96,6 @@ class Trainer:
         self.step = 0
         # A hook sets this (on every rank alike) to end the loop at this step boundary.
         self.stop_requested = False
-        launch = distributed.launch_from_env()
-        distributed.init_process_group(launch, device)
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
         # Every rank of a replica (its TP, PP and CP ranks) reads that replica's samples.
@@ -237,4 +235,3 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
-        distributed.destroy()

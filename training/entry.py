@@ -87,8 +87,10 @@ def pretrain(config: TrainingConfig) -> None:
     from training.checkpoint import CheckpointHook
     from training.engine import Trainer
 
+    owns_group = False
     trainer = None
     try:
+        owns_group = distributed.init_process_group(distributed.launch_from_env(), device)
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
         checkpoints = CheckpointHook(config, run_dir, device)
         checkpoints.resume(trainer)  # from the newest complete checkpoint, if any: job chains
@@ -96,8 +98,8 @@ def pretrain(config: TrainingConfig) -> None:
     finally:
         if trainer is not None:
             trainer.close()
-        else:
-            distributed.destroy()
+        # A process group that existed before this call (several runs in one group) stays.
+        distributed.destroy(process_group=owns_group)
 
 
 def load_config(path: str, overrides: list[str]) -> TrainingConfig:
