@@ -10,10 +10,25 @@ stored here; `config.finalize.finalize` derives them after overrides.
 unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-Run config. For the
 same reason this module does not use `from __future__ import annotations`: NeMo-Run's parser needs
 real types, not strings.
+
+A string with a fixed set of values is a `Literal[...]` (NeMo-Run's parser checks those too); one
+whose values live in a registry carries `one_of` metadata. `config.tree` refuses any other value
+at override time, with the closest valid one, and the checker (config/rules/choices.py) does the
+same for values a recipe set in Python. Both read the valid values from here.
 """
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Optional  # see the module docstring: not X | None
+from typing import Any, Literal, Optional  # see the module docstring: not X | None
+
+from config.precision import PRESETS
+from config.registry import DATA_KINDS, MODEL_ARCHS
+
+
+def one_of(choices: Callable[[], Iterable[str]]) -> dict[str, Any]:
+    """Field metadata for a string whose valid values live in a registry (data kinds, model
+    architectures, precision presets): checked like a Literal, but the registry can grow."""
+    return {"one_of": choices}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,9 +51,9 @@ class VisionConfig:
 class ModelConfig:
     """Architecture. Numbers come from the models' published configs (see models/)."""
 
-    arch: str = (
-        "gpt"  # "gpt" (decoder-only, dense or MoE) or "llava" (vision encoder + projector + gpt)
-    )
+    # "gpt" (decoder-only, dense or MoE) or "llava" (vision encoder + projector + gpt); every
+    # architecture of config/registry.py
+    arch: str = field(default="gpt", metadata=one_of(lambda: MODEL_ARCHS))
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -51,10 +66,10 @@ class ModelConfig:
     vocab_size: int
     # Megatron pads the vocabulary so that every TP rank holds an equal, GEMM-friendly slice.
     make_vocab_size_divisible_by: int = 128
-    normalization: str = "RMSNorm"  # "RMSNorm" or "LayerNorm"
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     layernorm_epsilon: float = 1e-5
-    activation: str = "swiglu"  # "swiglu" (gated SiLU, Llama) or "gelu"
-    position_embedding_type: str = "rope"  # "rope", "learned_absolute" or "none"
+    activation: Literal["swiglu", "gelu"] = "swiglu"  # swiglu: gated SiLU (Llama)
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
     rotary_base: int = 10000
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
@@ -70,11 +85,14 @@ class ModelConfig:
     moe_ffn_hidden_size: Optional[int] = None  # per expert; None means ffn_hidden_size
     moe_shared_expert_intermediate_size: Optional[int] = None
     moe_first_k_dense_layers: int = 0  # DeepSeek-V3 keeps its first 3 layers dense
-    moe_router_score_function: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3)
-    moe_router_load_balancing_type: str = "aux_loss"  # "aux_loss", "seq_aux_loss" or "none"
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
+    # Megatron-Core's names; "none" trains without a balancing loss, "sinkhorn" balances by routing.
+    moe_router_load_balancing_type: Literal[
+        "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
+    ] = "aux_loss"
     moe_aux_loss_coeff: float = 1e-2
     # "alltoall" is the fast path on GPUs; "allgather" is the one that runs on the CPU over gloo.
-    moe_token_dispatcher_type: str = "alltoall"
+    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_grouped_gemm: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).
@@ -87,8 +105,8 @@ class ModelConfig:
     mtp_num_layers: Optional[int] = None  # multi-token prediction heads (DeepSeek-V3 has one)
 
     # Activation recomputation: None, "selective" (attention core only) or "full".
-    recompute_granularity: Optional[str] = None
-    recompute_method: Optional[str] = None  # "uniform" or "block" with "full"
+    recompute_granularity: Optional[Literal["selective", "full"]] = None
+    recompute_method: Optional[Literal["uniform", "block"]] = None  # with "full"
     recompute_num_layers: Optional[int] = None
 
     # Vision-language (arch "llava"): the encoder and projector in front of the language model.
@@ -117,7 +135,7 @@ class ParallelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    optimizer: str = "adam"  # "adam" (AdamW, decoupled weight decay) or "sgd"
+    optimizer: Literal["adam", "sgd"] = "adam"  # adam: AdamW, decoupled weight decay
     lr: float = 3e-4
     min_lr: float = 3e-5
     weight_decay: float = 0.1
@@ -134,17 +152,19 @@ class SchedulerConfig:
     """Learning-rate schedule: linear warmup, then decay to optimizer.min_lr."""
 
     warmup_steps: int = 2000
-    decay_style: str = "cosine"  # "cosine", "linear", "constant" or "wsd" (warmup-stable-decay)
+    decay_style: Literal["cosine", "linear", "constant", "wsd"] = (
+        "cosine"  # wsd: warmup-stable-decay
+    )
     decay_steps: Optional[int] = None  # None means until train.max_steps
     wsd_decay_steps: Optional[int] = None  # length of the final decay phase of "wsd"
-    wsd_decay_style: str = "linear"  # "linear", "cosine" or "exponential"
+    wsd_decay_style: Literal["linear", "cosine", "exponential"] = "linear"
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    # "mock", "indexed" (Megatron .bin/.idx blends), "sft" (prompt/response JSONL, loss on the
-    # response) or "energon" (multimodal)
-    kind: str = "mock"
+    # A kind of config/registry.py: "mock", "indexed" (Megatron .bin/.idx blends), "sft"
+    # (prompt/response JSONL, loss on the response) or "energon" (multimodal)
+    kind: str = field(default="mock", metadata=one_of(lambda: DATA_KINDS))
     # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; sft: a JSONL file; energon: a prepared
     # folder or blend file.
     path: Optional[str] = None
@@ -162,16 +182,6 @@ class DataConfig:
     pin_memory: bool = True
 
 
-def split_weights(split: str) -> list[float]:
-    """data.split ("969,30,1", or with "/") as [train, validation, test] weights, missing ones 0.
-
-    ValueError for anything but one to three non-negative numbers with a positive sum."""
-    weights = [float(w) for w in split.replace("/", ",").split(",")]
-    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
-        raise ValueError(f"data.split={split!r}: not 1 to 3 non-negative weights")
-    return weights + [0.0] * (3 - len(weights))
-
-
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     global_batch_size: int
@@ -183,7 +193,7 @@ class TrainConfig:
     eval_interval: int = 0
     eval_iters: int = 10
     # "auto" picks CUDA when present; "cpu" runs the CPU smoke mode (gloo, no FP8).
-    device: str = "auto"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
     # Exit cleanly (after a checkpoint) this many minutes into the job; None means never.
     exit_duration_minutes: Optional[float] = None
 
@@ -200,7 +210,7 @@ class CheckpointConfig:
     # only when neither save_dir nor load_dir holds a checkpoint, so a requeued job resumes instead.
     pretrained_dir: Optional[str] = None
     # Megatron-Core's resharding strategy for the distributed optimizer's state.
-    dist_optimizer_sharding: str = "dp_reshardable"
+    dist_optimizer_sharding: Literal["dp_reshardable", "fully_reshardable"] = "dp_reshardable"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -209,7 +219,7 @@ class LoggingConfig:
     log_interval: int = 1
     tensorboard: bool = True
     wandb_project: Optional[str] = None  # W&B is off unless a project is given
-    wandb_mode: str = "online"  # "online", "offline" or "disabled"
+    wandb_mode: Literal["online", "offline", "disabled"] = "online"
     progress_bar: bool = True
 
 
@@ -220,7 +230,8 @@ class TrainingConfig:
     name: str  # the recipe's name, used for run directories and job names
     model: ModelConfig
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    precision: str = "bf16_mixed"  # a preset name, see config/precision.py
+    # A preset name, see config/precision.py.
+    precision: str = field(default="bf16_mixed", metadata=one_of(lambda: PRESETS))
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -13,7 +13,7 @@ import difflib
 import types
 import typing
 from functools import cache
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 
 class ConfigError(ValueError):
@@ -29,6 +29,34 @@ def field_types(cls: type) -> dict[str, Any]:
     """The resolved type of every field of a config dataclass."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def choices(cls: type, name: str) -> list[Any] | None:
+    """The valid values of a field: a Literal's, or its registry's (`one_of` metadata); None
+    for a field that takes any value of its type."""
+    meta = next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
+    if "one_of" in meta:
+        return list(meta["one_of"]())
+    inner, _ = _optional_inner(field_types(cls)[name])
+    if typing.get_origin(inner) is Literal:
+        return list(typing.get_args(inner))
+    return None
+
+
+def not_one_of(value: Any, allowed: list[Any]) -> str:
+    """The message for a value outside its field's choices, with the closest valid one."""
+    listed = ", ".join(str(a) for a in allowed)
+    hint = suggest(str(value), [str(a) for a in allowed]) if isinstance(value, str) else ""
+    return (
+        f"'{value}' is not one of {listed}.{hint}" if hint else f"'{value}' is not one of {listed}"
+    )
+
+
+def _check_choice(cls: type, name: str, value: Any, path: str) -> Any:
+    allowed = choices(cls, name)
+    if value is not None and allowed is not None and value not in allowed:
+        raise ConfigError([(path, not_one_of(value, allowed))])
+    return value
 
 
 def _optional_inner(tp: Any) -> tuple[Any, bool]:
@@ -95,12 +123,18 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             return str(value)
     elif inner is Any:
         return value
+    elif typing.get_origin(inner) is Literal:
+        if isinstance(value, str | int | float | bool):
+            return value  # the field's choices are checked by the caller (_check_choice)
     raise ConfigError([(path, f"expected {_type_name(tp)}, got {value!r}")])
 
 
 def _type_name(tp: Any) -> str:
     inner, optional = _optional_inner(tp)
-    name = getattr(inner, "__name__", str(inner))
+    if typing.get_origin(inner) is Literal:
+        name = "one of " + ", ".join(str(a) for a in typing.get_args(inner))
+    else:
+        name = getattr(inner, "__name__", str(inner))
     return f"{name} or None" if optional else name
 
 
@@ -131,7 +165,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             problems += _unknown(path, key, cls).problems
             continue
         try:
-            kwargs[key] = coerce(value, types_[key], path)
+            kwargs[key] = _check_choice(cls, key, coerce(value, types_[key], path), path)
         except ConfigError as err:
             problems += err.problems
     missing = [
@@ -195,7 +229,7 @@ def _apply_one(root: Any, item: str) -> None:
             tp = types_[name]
             inner, _ = _optional_inner(tp)
             value = _parse_list(text) if typing.get_origin(inner) is list else _parse_scalar(text)
-            setattr(node, name, coerce(value, tp, here))
+            setattr(node, name, _check_choice(cls, name, coerce(value, tp, here), here))
             return
         child = getattr(node, name)
         if child is None:

@@ -20,39 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from config.blend import parse_blend
+
 if TYPE_CHECKING:
     from config.schema import TrainingConfig
 
 
 def _always() -> bool:
     return True
-
-
-def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
-    """data.path -> Megatron blend: "prefix", "p1 p2 ..." or "w1 p1 w2 p2 ..." (weights first)."""
-    parts = path.split()
-    if not parts:
-        raise ValueError("data.path is empty; give a dataset prefix or 'w1 prefix1 w2 prefix2 ...'")
-
-    def is_number(s: str) -> bool:
-        try:
-            float(s)
-        except ValueError:
-            return False
-        return True
-
-    if not any(is_number(p) for p in parts):
-        return parts, None  # prefixes only: Megatron weighs them by their size
-    weights, prefixes = parts[0::2], parts[1::2]
-    if len(parts) % 2 or not all(map(is_number, weights)) or any(map(is_number, prefixes)):
-        raise ValueError(
-            f"data.path={path!r} is not a blend: write 'prefix' or 'weight prefix weight prefix ...' "
-            "(e.g. '0.7 /data/web 0.3 /data/code')"
-        )
-    w = [float(x) for x in weights]
-    if any(x < 0 for x in w) or sum(w) <= 0:
-        raise ValueError(f"data.path={path!r}: blend weights must be non-negative, not all zero")
-    return prefixes, w
 
 
 def _check_prefixes(path: str, prefixes: list[str]) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from config.schema import split_weights
+from config.blend import split_weights
 
 PROMPT_KEYS = ("prompt", "input")
 RESPONSE_KEYS = ("response", "output")

@@ -4,9 +4,10 @@ A typo in data.path, data.tokenizer or checkpoint.pretrained_dir otherwise surfa
 job starts, after its wait in the queue. `check_inputs` refuses the launch instead, naming the field
 and the missing path:
 
-- data.tokenizer: a file or folder; data.path: for `indexed` each blend prefix's .bin and .idx
-  (object storage, `s3://` and the like, is left to Megatron), for `sft` the JSONL file, for
-  `energon` the prepared folder or metadataset file; checkpoint.load_dir and .pretrained_dir.
+- data.tokenizer: a file or folder; data.path: what the data kind's registry entry says it names
+  (config/registry.py: for `indexed` each blend prefix's .bin and .idx, object storage left to
+  Megatron; for `sft` the JSONL file; for `energon` the prepared folder or metadataset file);
+  checkpoint.load_dir and .pretrained_dir.
 - The ranks see these paths as given: locally and with slurm-bare relative to their working
   directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
   container through the profile's mounts, which map them back to the host to look at, except
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from config.registry import data_kind
 from config.schema import TrainingConfig
 from config.tree import ConfigError
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
@@ -33,18 +35,9 @@ def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:
     out = []
     if data.tokenizer:
         out.append(("data.tokenizer", data.tokenizer))
-    if data.path and data.kind == "indexed":
-        from data.pretrain import parse_blend  # plain Python: no torch on this path
-
-        try:
-            prefixes, _ = parse_blend(data.path)
-        except ValueError:
-            prefixes = []  # the engine names the malformed blend; nothing to look for here
-        for prefix in prefixes:
-            if "://" not in prefix:
-                out += [("data.path", prefix + ".bin"), ("data.path", prefix + ".idx")]
-    elif data.path and data.kind in ("sft", "energon"):
-        out.append(("data.path", data.path))
+    kind = data_kind(cfg)
+    if data.path and kind is not None:  # the files its data.path names (config/registry.py)
+        out += [("data.path", path) for path in kind.inputs(data.path)]
     for field in ("load_dir", "pretrained_dir"):
         if getattr(ckpt, field):
             out.append((f"checkpoint.{field}", getattr(ckpt, field)))

@@ -8,7 +8,7 @@ from config.finalize import finalize
 from config.hardware import Cluster
 from config.rules import validate
 from config.schema import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig
-from config.tree import ConfigError, apply_overrides
+from config.tree import ConfigError, apply_overrides, get_path
 
 
 def llama_like() -> TrainingConfig:
@@ -145,19 +145,13 @@ INVALID = [
     (["precision=bf16_with_mxfp8_mixed"], None, "precision"),
     (["precision=bf16_with_nvfp4_mixed"], Cluster(gpu="h200"), "precision"),
     (["precision=bf16_with_fp8_subchannel_scaling_mixed"], Cluster(gpu="a100-40g"), "precision"),
-    (["precision=bf17_mixed"], None, "precision"),
-    (["model.normalization=BatchNorm"], None, "model.normalization"),
-    (["model.activation=relu6"], None, "model.activation"),
     (["model.recompute_granularity=full"], None, "model.recompute_method"),
     (["optimizer.lr=0"], None, "optimizer.lr"),
     (["optimizer.min_lr=1.0"], None, "optimizer.min_lr"),
-    (["optimizer.optimizer=lion"], None, "optimizer.optimizer"),
     (["scheduler.warmup_steps=10000"], None, "scheduler.warmup_steps"),
     (["scheduler.decay_style=wsd"], None, "scheduler.wsd_decay_steps"),
-    (["scheduler.decay_style=exp"], None, "scheduler.decay_style"),
     (["data.kind=indexed"], None, "data.path"),
     (["data.kind=indexed", "data.path=/data/x"], None, "data.tokenizer"),
-    (["data.kind=parquet"], None, "data.kind"),
     (["data.sequence_packing=true"], None, "data.sequence_packing"),
     (["data.split=90,x,1"], None, "data.split"),
     (["data.split=1,2,3,4"], None, "data.split"),
@@ -187,11 +181,9 @@ INVALID = [
         None,
         "data.sequence_packing",
     ),
-    (["train.device=tpu"], None, "train.device"),
     (["train.max_steps=0"], None, "train.max_steps"),
     (["checkpoint.save_interval=0"], None, "checkpoint.save_interval"),
     (["checkpoint.keep_last=-1"], None, "checkpoint.keep_last"),
-    (["logging.wandb_mode=sometimes"], None, "logging.wandb_mode"),
     (
         ["parallel.context_parallel_size=2"],
         Cluster(gpu="cpu", gpus_per_node=8),
@@ -217,6 +209,39 @@ def test_invalid_config_names_the_field(
     assert len(named.message) > 20  # says what is wrong and how to fix it
 
 
+# A value outside a field's choices: refused by the override itself, with the closest valid one;
+# set in Python (where no parser looks), the checker names it the same way.
+BAD_CHOICES = [
+    ("precision", "bf17_mixed", "bf16_mixed"),
+    ("model.normalization", "RMSnorm", "RMSNorm"),
+    ("model.activation", "relu6", "gelu"),
+    ("model.moe_token_dispatcher_type", "all2all", "alltoall"),
+    ("model.moe_router_score_function", "sigmoids", "sigmoid"),
+    ("model.moe_router_load_balancing_type", "aux_los", "aux_loss"),
+    ("model.recompute_method", "uniforms", "uniform"),
+    ("optimizer.optimizer", "lion", None),
+    ("scheduler.decay_style", "cosin", "cosine"),
+    ("data.kind", "parquet", None),
+    ("data.kind", "indexd", "indexed"),
+    ("train.device", "tpu", "cpu"),
+    ("logging.wandb_mode", "sometimes", None),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "closest"), BAD_CHOICES)
+def test_value_outside_the_choices_names_them(field: str, value: str, closest: str | None) -> None:
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(llama_like(), [f"{field}={value}"])
+    ((named, message),) = err.value.problems
+    assert named == field and f"'{value}' is not one of" in message
+    assert (f"Did you mean '{closest}'" in message) if closest else ("Did you mean" not in message)
+    cfg = llama_like()
+    section, _, name = field.rpartition(".")
+    object.__setattr__(get_path(cfg, section) if section else cfg, name, value)
+    problems = [p for p in validate(cfg, H100x8) if p.field == field]
+    assert [p.message for p in problems] == [message]
+
+
 MOE_INVALID = [
     (["parallel.expert_model_parallel_size=3"], "parallel.expert_model_parallel_size"),
     (
@@ -224,7 +249,6 @@ MOE_INVALID = [
         "parallel.expert_model_parallel_size",
     ),
     (["model.moe_router_topk=9"], "model.moe_router_topk"),
-    (["model.moe_token_dispatcher_type=broadcast"], "model.moe_token_dispatcher_type"),
 ]
 
 

@@ -151,9 +151,9 @@ def test_vision_heads_and_pipeline_rules() -> None:
 
 def test_data_kind_and_arch_go_together() -> None:
     assert [f for f, _ in _problems("tiny_llava_pretrain", data__kind="mock")] == ["data.kind"]
-    assert [f for f, _ in _problems("tiny_gpt_pretrain", data__kind="energon", data__path="x")] == [
-        "data.kind"
-    ]
+    # (a GPT on Energon data: the kind's tokenizer is missing too)
+    gpt_on_images = _problems("tiny_gpt_pretrain", data__kind="energon", data__path="x")
+    assert [f for f, _ in gpt_on_images] == ["data.tokenizer", "data.kind"]
     assert [f for f, _ in _problems("tiny_llava_pretrain", data__tokenizer=None)] == [
         "data.tokenizer"
     ]

@@ -10,19 +10,34 @@ from __future__ import annotations
 from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.problems import Problem
+from config.registry import load, model_arch
 from config.rules.batch import batch
+from config.rules.choices import choices
 from config.rules.cluster import cluster_size
+from config.rules.data import data
 from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.parallel import parallel, pipeline
 from config.rules.precision import cpu, precision
 from config.rules.training import training
-from config.rules.vision import multimodal
 from config.schema import TrainingConfig
 
 __all__ = ["Problem", "validate"]
 
-RULES = (cluster_size, parallel, pipeline, batch, moe, model, multimodal, precision, cpu, training)
+# Every config passes these; an architecture adds its own (its registry entry's `rules`).
+RULES = (
+    choices,
+    cluster_size,
+    parallel,
+    pipeline,
+    batch,
+    moe,
+    model,
+    precision,
+    cpu,
+    data,
+    training,
+)
 
 
 def validate(
@@ -31,6 +46,7 @@ def validate(
     """All problems of `cfg` on `cluster`; an empty list means it can run."""
     derived = derived or finalize(cfg, cluster)
     problems: list[Problem] = []
-    for rule in RULES:
+    arch = model_arch(cfg)
+    for rule in (*RULES, *(load(ref) for ref in (arch.rules if arch else ()))):
         problems += rule(cfg, cluster, derived)
     return problems

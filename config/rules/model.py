@@ -33,23 +33,6 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 f"{groups} must divide num_attention_heads={model.num_attention_heads}",
             )
         )
-    choices = {
-        "model.normalization": (model.normalization, ("RMSNorm", "LayerNorm")),
-        "model.activation": (model.activation, ("swiglu", "gelu")),
-        "model.position_embedding_type": (
-            model.position_embedding_type,
-            ("rope", "learned_absolute", "none"),
-        ),
-        "model.recompute_granularity": (model.recompute_granularity, (None, "selective", "full")),
-        "model.arch": (model.arch, ("gpt", "llava")),
-    }
-    for field, (value, allowed) in choices.items():
-        if value not in allowed:
-            out.append(
-                Problem(field, f"'{value}' is not one of {', '.join(str(a) for a in allowed)}")
-            )
     if model.recompute_granularity == "full" and model.recompute_method not in ("uniform", "block"):
         out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
-    if model.arch == "llava" and model.vision is None:
-        out.append(Problem("model.vision", "arch 'llava' needs a vision section"))
     return out

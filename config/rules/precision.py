@@ -3,26 +3,46 @@
 from __future__ import annotations
 
 from config.finalize import Derived
-from config.hardware import GPUS, Cluster
-from config.precision import PRESETS, gpu_runs
+from config.hardware import GPUS, Cluster, GpuSpec
+from config.precision import PRESETS, PrecisionPreset, gpu_runs
 from config.problems import Problem
 from config.schema import TrainingConfig
+
+# What a GPU without a preset's number format runs instead, nearest first: block scaling to the
+# finest block scaling it has, FP8 to BF16/FP16 (None: the plain mixed preset of the same dtype).
+_FALLBACK = {"nvfp4": "mxfp8", "mxfp8": "blockwise", "blockwise": "tensorwise", "tensorwise": None}
+
+
+def closest_runnable(preset: PrecisionPreset, gpu: GpuSpec) -> str:
+    """The preset nearest to `preset` that `gpu` runs, in the same parameter dtype."""
+    recipe = preset.fp8_recipe
+    while recipe is not None:
+        recipe = _FALLBACK.get(recipe)
+        match = [
+            p for n, p in PRESETS.items() if p.name == n and p.params_dtype == preset.params_dtype
+        ]
+        for candidate in match:
+            if candidate.fp8_recipe == recipe and gpu_runs(gpu, candidate):
+                return candidate.name
+    return f"{preset.params_dtype}_mixed"
 
 
 def precision(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     preset = d.preset
     if preset is None:
-        names = ", ".join(PRESETS)
-        return [Problem("precision", f"unknown preset '{cfg.precision}'; choose one of {names}")]
+        return []  # an unknown name: the choices rule lists the presets
     if cluster.gpu in GPUS and not gpu_runs(GPUS[cluster.gpu], preset):
+        gpu = GPUS[cluster.gpu]
         able = [g for g, spec in GPUS.items() if gpu_runs(spec, preset)]
-        runs_here = [n for n, p in PRESETS.items() if gpu_runs(GPUS[cluster.gpu], p)]
+        # Every preset this GPU runs, without the alias names.
+        runs_here = [n for n, p in PRESETS.items() if p.name == n and gpu_runs(gpu, p)]
         return [
             Problem(
                 "precision",
-                f"{cfg.precision} needs {preset.needs.upper()} tensor cores, which {cluster.gpu.upper()} does not have "
-                f"(it runs {', '.join(sorted(set(p.split('_with')[0] + '_mixed' if '_with' in p else p for p in runs_here)))}). "
-                f"Use precision=bf16_mixed here, or a GPU in {', '.join(able)}",
+                f"{cfg.precision} needs {preset.needs.upper()} tensor cores, which "
+                f"{cluster.gpu.upper()} does not have. {cluster.gpu.upper()} runs "
+                f"{', '.join(runs_here)}; the closest is "
+                f"precision={closest_runnable(preset, gpu)}. Or use a GPU in {', '.join(able)}",
             )
         ]
     return []

@@ -1,4 +1,5 @@
-"""The checker's rules for vision-language models (arch "llava") and their Energon data."""
+"""The checker's rules for vision-language models (arch "llava", config/registry.py) and their
+Energon data. Whether the data has images at all is the data rules' business (config/rules/data.py)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,14 @@ from config.schema import TrainingConfig
 
 
 def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text)."""
+    """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text).
+
+    Runs for the architectures whose registry entry names it."""
     model, data, v = cfg.model, cfg.data, cfg.model.vision
-    out = []
-    if data.kind == "energon" and model.arch != "llava":
-        out.append(
-            Problem(
-                "data.kind",
-                f"'energon' feeds images, which model.arch='{model.arch}' cannot take; "
-                "use model.arch=llava with a model.vision section, or a text data.kind",
-            )
-        )
-    if model.arch != "llava" or v is None:
-        return out
+    if v is None:
+        return [Problem("model.vision", f"arch '{model.arch}' needs a vision section")]
+    out: list[Problem] = []
     tp = cfg.parallel.tensor_model_parallel_size
-    if data.kind != "energon":
-        out.append(
-            Problem(
-                "data.kind",
-                f"'{data.kind}' has no images; arch 'llava' trains on data.kind=energon "
-                "(prepare a dataset with `recipes data prepare` or `recipes data make-synthetic-vlm`)",
-            )
-        )
     sizes = {
         "model.vision.num_layers": v.num_layers,
         "model.vision.hidden_size": v.hidden_size,
@@ -104,14 +91,6 @@ def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Proble
             out.append(
                 Problem(field, f"arch 'llava' builds a dense GPT language model; unset {field}")
             )
-    if data.kind == "energon" and not data.tokenizer:
-        out.append(
-            Problem(
-                "data.tokenizer",
-                "data.kind='energon' tokenizes captions and questions: give the language "
-                "model's local tokenizer.json or HF tokenizer folder",
-            )
-        )
     loader = {
         "data.num_workers": (data.num_workers, 0),
         "data.prefetch_factor": (data.prefetch_factor, 1),

@@ -1,0 +1,44 @@
+"""The two strings of the data section that carry structure: data.path's blend, data.split's weights.
+
+Plain Python, shared by the checker, the launcher's input check and the datasets on the ranks, so
+that all three read them the same way.
+"""
+
+from __future__ import annotations
+
+
+def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
+    """data.path -> Megatron blend: "prefix", "p1 p2 ..." or "w1 p1 w2 p2 ..." (weights first)."""
+    parts = path.split()
+    if not parts:
+        raise ValueError("data.path is empty; give a dataset prefix or 'w1 prefix1 w2 prefix2 ...'")
+
+    def is_number(s: str) -> bool:
+        try:
+            float(s)
+        except ValueError:
+            return False
+        return True
+
+    if not any(is_number(p) for p in parts):
+        return parts, None  # prefixes only: Megatron weighs them by their size
+    weights, prefixes = parts[0::2], parts[1::2]
+    if len(parts) % 2 or not all(map(is_number, weights)) or any(map(is_number, prefixes)):
+        raise ValueError(
+            f"data.path={path!r} is not a blend: write 'prefix' or 'weight prefix weight prefix ...' "
+            "(e.g. '0.7 /data/web 0.3 /data/code')"
+        )
+    w = [float(x) for x in weights]
+    if any(x < 0 for x in w) or sum(w) <= 0:
+        raise ValueError(f"data.path={path!r}: blend weights must be non-negative, not all zero")
+    return prefixes, w
+
+
+def split_weights(split: str) -> list[float]:
+    """data.split ("969,30,1", or with "/") as [train, validation, test] weights, missing ones 0.
+
+    ValueError for anything but one to three non-negative numbers with a positive sum."""
+    weights = [float(w) for w in split.replace("/", ",").split(",")]
+    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(f"data.split={split!r}: not 1 to 3 non-negative weights")
+    return weights + [0.0] * (3 - len(weights))

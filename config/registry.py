@@ -1,0 +1,156 @@
+"""The registries of data kinds (`data.kind`) and model architectures (`model.arch`).
+
+Everything the project does differently for a kind or an architecture is said here, once: what
+the checker requires of it, which files the launcher looks for before the queue, and which
+function builds it on the ranks. The engine, the input check and the rules ask these entries
+instead of branching on names, so a new kind is its own module plus one line in `DATA_KINDS`
+(a new architecture: its module plus one line in `MODEL_ARCHS`).
+
+The builders are named as "module:function" strings and imported only on the ranks (`load`):
+this floor stays free of torch and of the packages above it.
+
+- A data kind's `source(cfg, derived, dp_rank, device, part)` returns the batch source of one
+  rank for `part` "train" or "valid": `next_step()` gives the step's microbatches (dicts of
+  tensors), `consumed_samples` counts global samples handed out, and `state_dict()` /
+  `load_state_dict()` save and restore its position (`{"consumed_samples": n}` alone must
+  restore it, at another world size too).
+- An architecture's `builder(cfg, derived, transformer_config, device)` returns this rank's model
+  chunks (one per virtual pipeline stage); its `forward(model, batch)` runs one microbatch through
+  one chunk and returns (per-token loss or the pipeline's output tensor, loss mask).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from config.blend import parse_blend
+
+if TYPE_CHECKING:
+    from config.schema import DataConfig, TrainingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DataKind:
+    name: str
+    source: str  # "module:function" of the rank's batch source, see the module docstring
+    summary: str  # what data.path holds, for error messages and the README
+    needs_path: bool = True
+    needs_tokenizer: bool = True  # False: a null tokenizer (ids are the data)
+    # Takes its validation part by data.split's weights (train.eval_interval needs weight there).
+    uses_split: bool = True
+    has_validation: bool = True  # False: train.eval_interval cannot evaluate on it
+    packs: bool = False  # data.sequence_packing means something
+    # Packed rows carry segment ids and attend within their segment only (an explicit mask).
+    masks_packed_rows: bool = False
+    images: bool = False  # feeds images: only an architecture with `takes_images` can train on it
+    # The files and folders data.path names, as the ranks will open them (the launcher's check).
+    inputs: Callable[[str], list[str]] = lambda path: [path]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    name: str
+    builder: str  # "module:function": this rank's model chunks
+    forward: str  # "module:function": one microbatch through one chunk
+    summary: str
+    takes_images: bool = False
+    # "module:function" rules of the checker that hold for this architecture only (config/rules/).
+    rules: tuple[str, ...] = ()
+
+
+def _indexed_inputs(path: str) -> list[str]:
+    """Each blend prefix's .bin and .idx (object storage, s3:// and the like, is left to Megatron)."""
+    try:
+        prefixes, _ = parse_blend(path)
+    except ValueError:
+        return []  # the checker names the malformed blend
+    return [p + ext for p in prefixes if "://" not in p for ext in (".bin", ".idx")]
+
+
+def _by_name(*entries: Any) -> dict[str, Any]:
+    return {entry.name: entry for entry in entries}
+
+
+# One entry per data.kind; the order is the one error messages list them in.
+DATA_KINDS: dict[str, DataKind] = _by_name(
+    DataKind(
+        name="mock",
+        source="data.pretrain:batches",
+        summary="Megatron's mock GPT data (no files)",
+        needs_path=False,
+        needs_tokenizer=False,
+        uses_split=False,
+        inputs=lambda path: [],
+    ),
+    DataKind(
+        name="indexed",
+        source="data.pretrain:batches",
+        summary="Megatron .bin/.idx prefixes, or a weighted blend 'w1 prefix1 w2 prefix2 ...'",
+        inputs=_indexed_inputs,
+    ),
+    DataKind(
+        name="sft",
+        source="data.sft:batches",
+        summary="a JSONL file of prompt/response pairs",
+        packs=True,
+        masks_packed_rows=True,
+    ),
+    DataKind(
+        name="energon",
+        source="data.energon:batches",
+        summary="a prepared Energon dataset folder or metadataset YAML",
+        uses_split=False,
+        has_validation=False,
+        packs=True,
+        images=True,
+    ),
+)
+
+# One entry per model.arch.
+MODEL_ARCHS: dict[str, ModelArch] = _by_name(
+    ModelArch(
+        name="gpt",
+        builder="models.gpt:build_chunks",
+        forward="models.gpt:forward",
+        summary="decoder-only GPT: dense, MoE, MLA, MTP",
+    ),
+    ModelArch(
+        name="llava",
+        builder="models.llava_model:build_llava_chunks",
+        forward="models.llava_model:forward",
+        summary="a ViT and an MLP projector in front of the GPT",
+        takes_images=True,
+        rules=("config.rules.vision:multimodal",),
+    ),
+)
+
+
+def register_data_kind(kind: DataKind) -> DataKind:
+    """Add a kind at run time (a plugin, a test); the catalog's own kinds are listed above."""
+    if kind.name in DATA_KINDS:
+        raise ValueError(f"data kind {kind.name!r} is registered twice")
+    DATA_KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_data_kind(name: str) -> None:
+    DATA_KINDS.pop(name, None)
+
+
+def data_kind(cfg: TrainingConfig | DataConfig) -> DataKind | None:
+    """The registry entry of a config's data.kind (None for an unknown kind: the checker says so)."""
+    data = getattr(cfg, "data", cfg)
+    return DATA_KINDS.get(data.kind)
+
+
+def model_arch(cfg: TrainingConfig) -> ModelArch | None:
+    return MODEL_ARCHS.get(cfg.model.arch)
+
+
+def load(ref: str) -> Any:
+    """The object a "module:function" string names (imported on first use, on the ranks)."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,107 @@
+"""The data section, against the registry entry of its kind (config/registry.py): the path and
+tokenizer the kind needs, packing, the validation split that evaluation reads, images."""
+
+from __future__ import annotations
+
+from config.blend import split_weights
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.problems import Problem
+from config.registry import DATA_KINDS, data_kind, model_arch
+from config.schema import TrainingConfig
+
+
+def data(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    data, out = cfg.data, []
+    kind = data_kind(cfg)
+    if kind is None:
+        return out  # an unknown kind: the choices rule names it and the valid ones
+    if kind.needs_path and not data.path:
+        out.append(Problem("data.path", f"data.kind='{kind.name}' needs a path to the dataset"))
+    if kind.needs_tokenizer and not data.tokenizer:
+        out.append(
+            Problem(
+                "data.tokenizer", f"data.kind='{kind.name}' needs a local tokenizer file or folder"
+            )
+        )
+    out += _evaluation(cfg)
+    if data.sequence_packing and not kind.packs:
+        packers = " or ".join(k.name for k in DATA_KINDS.values() if k.packs)
+        out.append(
+            Problem(
+                "data.sequence_packing",
+                f"packs the samples of data.kind {packers}; data.kind='{kind.name}' already fills "
+                "every row with documents end to end. Set data.sequence_packing=false",
+            )
+        )
+    cp = cfg.parallel.context_parallel_size
+    if data.sequence_packing and kind.masks_packed_rows and cp > 1:
+        out.append(
+            Problem(
+                "data.sequence_packing",
+                "packed rows keep their samples apart with an explicit attention mask, which "
+                f"has no context-parallel form here (parallel.context_parallel_size={cp}); set "
+                "data.sequence_packing=false or parallel.context_parallel_size=1",
+            )
+        )
+    arch = model_arch(cfg)
+    if arch is not None and kind.images and not arch.takes_images:
+        out.append(
+            Problem(
+                "data.kind",
+                f"'{kind.name}' feeds images, which model.arch='{arch.name}' cannot take; "
+                "use model.arch=llava with a model.vision section, or a text data.kind",
+            )
+        )
+    if arch is not None and arch.takes_images and not kind.images:
+        out.append(
+            Problem(
+                "data.kind",
+                f"'{kind.name}' has no images; arch '{arch.name}' trains on data.kind=energon "
+                "(prepare a dataset with `recipes data prepare` or `recipes data make-synthetic-vlm`)",
+            )
+        )
+    return out
+
+
+def _evaluation(cfg: TrainingConfig) -> list[Problem]:
+    """data.split's weights, and train.eval_interval's validation batches."""
+    train, data, out = cfg.train, cfg.data, []
+    kind = data_kind(cfg)
+    try:
+        weights = split_weights(data.split)
+    except ValueError:
+        out.append(
+            Problem(
+                "data.split",
+                f"'{data.split}' is not up to three non-negative weights for train, validation "
+                "and test, e.g. data.split=969,30,1",
+            )
+        )
+        weights = [1.0, 0.0, 0.0]
+    if train.eval_interval < 0:
+        out.append(
+            Problem("train.eval_interval", f"must be 0 (never) or more, got {train.eval_interval}")
+        )
+    if train.eval_interval <= 0 or kind is None:
+        return out
+    if train.eval_iters < 1:
+        out.append(Problem("train.eval_iters", f"must be at least 1, got {train.eval_iters}"))
+    if not kind.has_validation:
+        readable = ", ".join(k.name for k in DATA_KINDS.values() if k.has_validation)
+        out.append(
+            Problem(
+                "train.eval_interval",
+                f"evaluation reads the validation split of {readable} data; data.kind="
+                f"'{kind.name}' has no validation loader here yet. Set train.eval_interval=0",
+            )
+        )
+    elif kind.uses_split and weights[1] == 0:
+        out.append(
+            Problem(
+                "data.split",
+                f"'{data.split}' gives the validation split no weight, but train.eval_interval="
+                f"{train.eval_interval} evaluates on it; e.g. data.split=969,30,1",
+            )
+        )
+    return out
