@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from config.blend import parse_blend
 from config.schema import DataConfig, ModelConfig, TrainConfig, TrainingConfig
 from data.indexed import JsonlError, iter_jsonl_texts, jsonl_to_indexed
 from data.jsonl_to_indexed import main as jsonl_cli
 from data.make_tokenizer import EOD, train_bpe_tokenizer
-from config.blend import parse_blend
 from data.pretrain import build_pretrain_datasets
 from data.tokenizer import build_tokenizer, load_tokenizer
 
