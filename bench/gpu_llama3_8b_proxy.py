@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from config.estimate import estimate_memory  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
-from config.tree import apply_overrides, to_dict  # noqa: E402
+from config.tree import apply_overrides, write_yaml  # noqa: E402
 from recipes.registry import get  # noqa: E402
 
 PRECISIONS = ["bf16_mixed", "bf16_with_fp8_current_scaling_mixed"]
@@ -72,14 +72,13 @@ def layers_that_fit(gpu: str, precision: str) -> int:
 
 
 def run(precision: str, layers: int, steps: int, workdir: Path) -> dict[str, float]:
-    import yaml
 
     run_dir = workdir / precision
     cfg = apply_overrides(
         get("llama3_8b_pretrain").config(), proxy_overrides(layers, steps, precision, run_dir)
     )
     config = workdir / f"{precision}.yaml"
-    config.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    write_yaml(cfg, config)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     subprocess.run([*cmd, "-m", "training.entry", "--config", str(config)], cwd=REPO, check=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ import difflib
 import types
 import typing
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal, Union
 
 
@@ -168,10 +169,11 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             kwargs[key] = _check_choice(cls, key, coerce(value, types_[key], path), path)
         except ConfigError as err:
             problems += err.problems
+    # A section given but wrong is reported for what is wrong in it, not also as missing.
     missing = [
         f.name
         for f in dataclasses.fields(cls)
-        if f.name not in kwargs
+        if f.name not in data
         and f.default is dataclasses.MISSING
         and f.default_factory is dataclasses.MISSING
     ]
@@ -188,6 +190,20 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     return obj
+
+
+def to_yaml(obj: Any) -> str:
+    """A config tree as the YAML that `recipes show` prints and every rank loads."""
+    import yaml
+
+    return yaml.safe_dump(to_dict(obj), sort_keys=False)
+
+
+def write_yaml(obj: Any, path: Path) -> Path:
+    """Write a resolved config (e.g. <run dir>/config.yaml, what `training.entry --config` reads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_yaml(obj), encoding="utf-8")
+    return path
 
 
 def get_path(root: Any, path: str) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 DEFAULT_SYNTHETIC = "runs/synthetic_vlm"  # tiny_llava_pretrain's data.path
 DEFAULT_SYNTHETIC_SFT = "runs/synthetic_sft"  # tiny_gpt_sft's data.path is sft.jsonl in there
@@ -94,5 +95,12 @@ def cmd_data(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report.summary())
-    print(f"use data.kind=energon data.path={report.output}")
+    hint = f"use data.kind=energon data.path={report.output}"
+    if args.data_command == "make-synthetic-vlm":  # its own tokenizer sits in the folder
+        from data.synthetic_vlm import TOKENIZER
+
+        hint += f" data.tokenizer={Path(report.output) / TOKENIZER}"
+    else:
+        hint += " data.tokenizer=<the language model's tokenizer.json or HF folder>"
+    print(hint)
     return 0

@@ -29,8 +29,8 @@ import torch
 
 from config.finalize import Derived
 from config.schema import TrainingConfig
+from data.batches import on_device
 from data.vlm_encoder import EncoderConfig, VLMBatch, VLMTaskEncoder
-from training.batches import on_device
 
 SAMPLE_LOG_ENV = "RECIPES_SAMPLE_LOG"
 
@@ -97,7 +97,7 @@ def build_loader(
 
 
 def to_dict(batch: VLMBatch) -> dict[str, torch.Tensor]:
-    """What the forward step reads (models/llava_model.py `llava_forward_step`)."""
+    """What the forward step reads (models/llava_model.py `forward`)."""
     return {
         "images": batch.images,
         "tokens": batch.tokens,
@@ -107,7 +107,8 @@ def to_dict(batch: VLMBatch) -> dict[str, torch.Tensor]:
 
 
 class EnergonBatches:
-    """The microbatches of each step from Energon, for one rank; same interface as TrainBatches."""
+    """The microbatches of each step from Energon, for one rank (the batch source interface of
+    config/registry.py)."""
 
     def __init__(
         self,
@@ -115,11 +116,10 @@ class EnergonBatches:
         derived: Derived,
         dp_rank: int,
         device: str,
-        consumed_samples: int = 0,
     ) -> None:
         self.num_microbatches = derived.num_microbatches
         self.global_batch_size = cfg.train.global_batch_size
-        self.consumed_samples = consumed_samples
+        self.consumed_samples = 0
         self.device = device
         self.loader = build_loader(cfg, dp_rank, derived.data_parallel_size)
         # Energon's loader always asks for pinned memory; that helps only on the way to a GPU.
@@ -153,9 +153,22 @@ class EnergonBatches:
         return {"consumed_samples": self.consumed_samples, "energon_state": blob}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where the saved loader stopped; call before the first next_step()."""
+        """Continue where the saved loader stopped; call before the first next_step().
+
+        Without the loader's own state (a checkpoint of another world size or layout: the states
+        are per data-parallel rank) only the count carries over, and the loader starts afresh."""
         if self._iterator is not None:
             raise RuntimeError("restore the Energon loader before reading the first batch")
         self.consumed_samples = int(state["consumed_samples"])
-        blob = state["energon_state"]
-        self.loader.restore_state_rank(pickle.loads(blob.numpy().tobytes()))
+        if "energon_state" in state:
+            blob = state["energon_state"]
+            self.loader.restore_state_rank(pickle.loads(blob.numpy().tobytes()))
+
+
+def batches(
+    cfg: TrainingConfig, derived: Derived, dp_rank: int, device: str, part: str = "train"
+) -> EnergonBatches:
+    """The batch source of data.kind=energon (config/registry.py); training data only."""
+    if part != "train":
+        raise ValueError("data.kind=energon has no validation loader (the checker refuses it)")
+    return EnergonBatches(cfg, derived, dp_rank, device)

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from config.blend import parse_blend
 
 if TYPE_CHECKING:
+    from config.finalize import Derived
     from config.schema import TrainingConfig
+    from data.batches import SampledBatches
 
 
 def _always() -> bool:
@@ -121,3 +123,22 @@ def build_pretrain_datasets(
     datasets = builder.build()
     train, valid, test = (ds if n > 0 else None for ds, n in zip(datasets, sizes, strict=True))
     return train, valid, test
+
+
+def batches(
+    cfg: TrainingConfig, derived: Derived, dp_rank: int, device: str, part: str = "train"
+) -> SampledBatches:
+    """The batch source of data.kind mock and indexed (config/registry.py): this rank's share of
+    the `part` ("train" or "valid") split, with samples for every step (or evaluation) of the run.
+
+    Every rank must call this: Megatron's dataset builder synchronises the ranks while global
+    rank 0 writes the index caches.
+    """
+    from data.batches import SampledBatches
+    from data.tokenizer import build_tokenizer
+
+    steps = cfg.train.max_steps if part == "train" else cfg.train.eval_iters
+    samples = steps * cfg.train.global_batch_size
+    sizes = (samples, 0) if part == "train" else (0, samples)
+    train, valid, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), *sizes)
+    return SampledBatches(cfg, derived, train if part == "train" else valid, dp_rank, device)

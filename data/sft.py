@@ -12,7 +12,7 @@ Rows: without `data.sequence_packing` every sample is one row, padded to seq_len
 no loss and comes after the text, so causal attention never lets the text see it). With packing,
 whole samples fill rows best-fit; position ids restart at each sample and each row carries
 `segment_ids`, from which the forward step builds a block-diagonal causal attention mask
-(`attention_mask`) that keeps every sample to itself, so a packed row trains as its samples would
+(models/gpt.py `attention_mask`) that keeps every sample to itself, so a packed row trains as its samples would
 one by one. The padding tail of a row is a segment of its own: a query that may attend to nothing
 would turn into NaN.
 
@@ -38,6 +38,9 @@ import torch
 from torch.utils.data import Dataset
 
 from config.blend import split_weights
+from config.finalize import Derived
+from config.schema import TrainingConfig
+from data.batches import SampledBatches
 
 PROMPT_KEYS = ("prompt", "input")
 RESPONSE_KEYS = ("response", "output")
@@ -163,19 +166,6 @@ def split_range(n: int, split: str, part: str) -> tuple[int, int]:
     return bounds[k], bounds[k + 1]
 
 
-def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """[b, s] segment ids -> [b, 1, s, s] bool, True where attention is masked (Megatron's
-    convention): causal within each segment, nothing across segments.
-
-    Built where the batch is used (on the GPU, in the forward step) rather than in the loader:
-    s x s per row is 16 MiB at seq 4096, the ids 32 KiB.
-    """
-    s = segment_ids.size(-1)
-    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return ~(causal & same).unsqueeze(1)
-
-
 class SFTDataset(Dataset):
     """Rows of `seq_length` tokens: labels, loss mask, position ids (and segment ids if packed)."""
 
@@ -283,3 +273,16 @@ def build_sft_dataset(
             flush=True,
         )
     return dataset
+
+
+def batches(
+    cfg: TrainingConfig, derived: Derived, dp_rank: int, device: str, part: str = "train"
+) -> SampledBatches:
+    """The batch source of data.kind=sft (config/registry.py): this rank's share of the `part`
+    ("train" or "valid") rows, enough for every step (or evaluation) of the run."""
+    from data.tokenizer import build_tokenizer
+
+    steps = cfg.train.max_steps if part == "train" else cfg.train.eval_iters
+    samples = steps * cfg.train.global_batch_size
+    dataset = build_sft_dataset(cfg, build_tokenizer(cfg), samples, part)
+    return SampledBatches(cfg, derived, dataset, dp_rank, device)

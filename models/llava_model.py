@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -214,9 +214,9 @@ def build_llava_chunks(
     return [model]
 
 
-def llava_forward_step(
-    batch: dict[str, torch.Tensor], model: torch.nn.Module, loss_func: Callable
-) -> tuple[torch.Tensor, Callable]:
+def forward(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One microbatch through LLaVAModel: images + tokens with placeholders -> per-token loss.
 
     LLaVAModel expands every placeholder into the image's embeddings and returns the loss mask
@@ -235,4 +235,4 @@ def llava_forward_step(
         # embeddings go on; with None it asks torch.cuda.current_device(), which the CPU lacks.
         sound_clips=tokens.new_zeros(0),
     )
-    return output, partial(loss_func, loss_mask)
+    return output, loss_mask

@@ -10,27 +10,11 @@ import argparse
 import json
 import sys
 
-from config.hardware import GPUS, Cluster
-from config.schema import TrainingConfig
-from config.tree import ConfigError, apply_overrides, to_dict
+from config.hardware import GPUS
+from config.tree import ConfigError, to_dict, to_yaml
 from data.cli import add_data_parser, cmd_data
 from recipes.check import EXIT_INVALID, check, render
-from recipes.registry import Recipe, all_recipes, get
-
-
-def resolve(name: str, overrides: list[str]) -> tuple[Recipe, TrainingConfig]:
-    """A catalog recipe with dotlist overrides applied; raises ConfigError naming the fields."""
-    recipe = get(name)
-    return recipe, apply_overrides(recipe.config(), overrides)
-
-
-def cluster_for(recipe: Recipe, args: argparse.Namespace) -> Cluster:
-    base = recipe.cluster
-    return Cluster(
-        num_nodes=args.nodes or base.num_nodes,
-        gpus_per_node=args.gpus_per_node or base.gpus_per_node,
-        gpu=args.gpu or base.gpu,
-    )
+from recipes.registry import all_recipes, resolve
 
 
 def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -104,19 +88,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     _, cfg = resolve(args.recipe, args.overrides)
-    data = to_dict(cfg)
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(to_dict(cfg), indent=2))
     else:
-        import yaml
-
-        print(yaml.safe_dump(data, sort_keys=False), end="")
+        print(to_yaml(cfg), end="")
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
-    report = check(cfg, cluster_for(recipe, args))
+    report = check(cfg, recipe.sized(args.nodes, args.gpus_per_node, args.gpu))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
 

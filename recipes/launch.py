@@ -18,16 +18,13 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from config.tree import ConfigError, apply_overrides, to_dict
+from config.tree import ConfigError, apply_overrides, to_yaml, write_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
 from launchers.profile import Profile, load_profile, replace
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.cli import cluster_for
 from recipes.registry import Recipe, get
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
 
@@ -87,14 +84,17 @@ def _cluster(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Clus
     cpu = args.device == "cpu" or (
         args.device is None and (args.gpu or profile.gpu or recipe.cluster.gpu) == "cpu"
     )
-    sized = argparse.Namespace(
-        nodes=args.nodes or profile.nodes or (None if published_on_cpu or not cpu else 1),
-        gpus_per_node=args.gpus_per_node
-        or profile.gpus_per_node
-        or (None if published_on_cpu or not cpu else 2),
+
+    def first(*values: int | None) -> int | None:  # 0 counts as given: the checker refuses it
+        return next((v for v in values if v is not None), None)
+
+    return recipe.sized(
+        nodes=first(args.nodes, profile.nodes, None if published_on_cpu or not cpu else 1),
+        gpus_per_node=first(
+            args.gpus_per_node, profile.gpus_per_node, None if published_on_cpu or not cpu else 2
+        ),
         gpu="cpu" if cpu else (args.gpu or profile.gpu),
     )
-    return cluster_for(recipe, sized)
 
 
 def _run_dir(cfg: TrainingConfig, profile: Profile) -> Path:
@@ -106,13 +106,6 @@ def _run_dir(cfg: TrainingConfig, profile: Profile) -> Path:
     path, n = base, 2
     while path.exists():
         path, n = Path(f"{base}-{n}"), n + 1
-    return path
-
-
-def _write_config(cfg: TrainingConfig, run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -148,13 +141,13 @@ def _run_local(
     executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
     script = local.entry_script(local.config_argument(run_dir / "config.yaml"))
     if args.dryrun:
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        print(to_yaml(cfg), end="")
         print(f"# launch ({cluster.gpus_per_node} ranks, NeMo-Run LocalExecutor):")
         print(local.dryrun_command(executor, script))
         print(f"dry run: nothing launched; the run would go to {run_dir}")
         return 0
     home = local.nemorun_home(run_dir, os.environ)
-    _write_config(cfg, run_dir)
+    write_yaml(cfg, run_dir / "config.yaml")
     print(_describe_env(plan), flush=True)
     code = local.run_local(executor, script, cfg.name, home)
     print(f"run directory: {run_dir}")
@@ -178,7 +171,7 @@ def _run_slurm(
     )
     text = sbatch.render(job)
     if args.dryrun:
-        print(yaml.safe_dump(to_dict(ranks_cfg), sort_keys=False), end="")
+        print(to_yaml(ranks_cfg), end="")
         print(f"# {job.script_path}")
         print(text, end="")
         if args.chain > 1:
@@ -187,7 +180,7 @@ def _run_slurm(
             )
         print(f"dry run: nothing submitted; the run would go to {run_dir}")
         return 0
-    _write_config(ranks_cfg, run_dir)
+    write_yaml(ranks_cfg, run_dir / "config.yaml")
     script = sbatch.write(job)
     print(_describe_env(job.env))
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from config.tree import ConfigError, suggest
+from config.tree import ConfigError, apply_overrides, suggest
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,18 @@ class Recipe:
         cfg = self.build()
         cfg.name = self.name
         return cfg
+
+    def sized(
+        self, nodes: int | None = None, gpus_per_node: int | None = None, gpu: str | None = None
+    ) -> Cluster:
+        """The published cluster with the given values in its place (None keeps the published
+        one; 0 or a negative count is kept too, for the checker to refuse)."""
+        base = self.cluster
+        return Cluster(
+            num_nodes=base.num_nodes if nodes is None else nodes,
+            gpus_per_node=base.gpus_per_node if gpus_per_node is None else gpus_per_node,
+            gpu=gpu or base.gpu,
+        )
 
 
 _RECIPES: dict[str, Recipe] = {}
@@ -66,6 +78,12 @@ def all_recipes() -> dict[str, Recipe]:
     if not _RECIPES:
         _load_catalog()
     return dict(sorted(_RECIPES.items()))
+
+
+def resolve(name: str, overrides: list[str]) -> tuple[Recipe, TrainingConfig]:
+    """A catalog recipe with dotlist overrides applied; raises ConfigError naming the fields."""
+    recipe = get(name)
+    return recipe, apply_overrides(recipe.config(), overrides)
 
 
 def get(name: str) -> Recipe:

@@ -106,7 +106,7 @@ def test_clean_stale_removes_tmp_and_del_only(tmp_path: Path) -> None:
 
 
 def test_exit_signals_set_a_flag_and_restore() -> None:
-    from training.exit_signals import ExitSignals
+    from training.stop import ExitSignals
 
     before = signal.getsignal(signal.SIGUSR1)
     for signum in (signal.SIGUSR1, signal.SIGTERM):
@@ -120,7 +120,7 @@ def test_exit_signals_set_a_flag_and_restore() -> None:
 
 def test_a_repeated_signal_is_the_same_request() -> None:
     """Slurm's SIGTERM reaches a rank twice (directly and forwarded by torchrun): keep saving."""
-    from training.exit_signals import ExitSignals
+    from training.stop import ExitSignals
 
     flags = ExitSignals()
     try:

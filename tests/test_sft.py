@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from data.make_tokenizer import train_bpe_tokenizer
-from data.sft import SFTDataError, SFTDataset, attention_mask, pack, read_pairs, split_range
+from data.sft import SFTDataError, SFTDataset, pack, read_pairs, split_range
 from data.tokenizer import load_tokenizer
+from models.gpt import attention_mask
 
 SEQ = 48
 PAIRS = [

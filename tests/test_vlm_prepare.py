@@ -166,9 +166,12 @@ def test_cli_exit_codes_and_report(folder: Path, tmp_path: Path, capsys) -> None
     assert recipes_main(["data", "prepare", str(folder), str(out)]) == 2
 
 
-def test_make_synthetic_vlm(tmp_path: Path) -> None:
+def test_make_synthetic_vlm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "synthetic"
     assert recipes_main(["data", "make-synthetic-vlm", str(out), "--samples", "20"]) == 0
+    # The hint it prints is a complete data section: following it must work.
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    assert hint == f"use data.kind=energon data.path={out} data.tokenizer={out / 'tokenizer.json'}"
     assert (out / "tokenizer.json").is_file() and (out / ".nv-meta" / "dataset.yaml").is_file()
     assert len(_shard_sources(out)) == 20
 

@@ -20,8 +20,9 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from config.finalize import Derived
+from config.registry import MODEL_ARCHS, load
 from config.schema import TrainingConfig
-from models.gpt import build_chunks, transformer_config
+from models.gpt import transformer_config
 
 _PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,12 +70,9 @@ def build_model(
     """This rank's model chunks, on the device, in the compute dtype, wrapped in Megatron DDP."""
     dtype = compute_dtype(cfg, derived, device)
     config = transformer_config(cfg, derived, device, dtype)
-    if cfg.model.arch == "llava":  # vision encoder + projector + GPT: models/llava_model.py
-        from models.llava_model import build_llava_chunks
-
-        chunks: list[torch.nn.Module] = build_llava_chunks(cfg, derived, config, device)
-    else:
-        chunks = build_chunks(cfg, derived, config, device)
+    # The architecture's builder (config/registry.py): GPT chunks, or LLaVA's encoder + GPT.
+    build_chunks = load(MODEL_ARCHS[cfg.model.arch].builder)
+    chunks: list[torch.nn.Module] = build_chunks(cfg, derived, config, device)
     for chunk in chunks:
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)

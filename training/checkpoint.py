@@ -1,10 +1,13 @@
 """Checkpoints and exact resume with Megatron-Core's dist_checkpointing: a Trainer hook.
 
-`CheckpointHook(cfg, run_dir, device)` saves every `checkpoint.save_interval` steps and when training
-ends (train.max_steps, train.exit_duration_minutes, or an exit signal); `resume(trainer)` continues
-from the newest complete checkpoint in `checkpoint.save_dir` (default `<run_dir>/checkpoints`), else
-in `checkpoint.load_dir`, and prints `resumed from <path> at step N`; with neither, a fine-tuning
-run takes only the model weights of `checkpoint.pretrained_dir`. That is what makes Slurm job
+`Checkpointer(cfg, run_dir, device, model=..., optimizer=..., states=...)` is given, once, what it
+saves: the model chunks, the optimizer, and named objects with `state_dict()` / `load_state_dict()`
+(`Trainer.checkpoint_states()`: step counter, LR schedule, RNG, batch source). It saves every
+`checkpoint.save_interval` steps and when training ends (train.max_steps, train.exit_duration_minutes,
+or an exit signal); `resume()` loads, in place, the newest complete checkpoint in
+`checkpoint.save_dir` (default `<run_dir>/checkpoints`), else in `checkpoint.load_dir`, and prints
+`resumed from <path> at step N`; with neither, a fine-tuning run takes only the model weights of
+`checkpoint.pretrained_dir`. That is what makes Slurm job
 chains and requeues work: every job of a chain runs the same command and carries on where the last
 complete checkpoint left off. A resume is exact: the same losses as an uninterrupted run, bitwise on
 the CPU (tests/smoke/test_checkpoint.py), because model, optimizer, LR schedule, every RNG and the
@@ -21,8 +24,8 @@ AsyncCallsQueue; NVRx's writer where nvidia-resiliency-ext supports it) and the 
 when every rank has finished: checked at each step, and awaited before the next save and at the end.
 The CPU saves synchronously.
 
-Leaving before the wall-time limit (training/exit_signals.py): SIGUSR1 or SIGTERM on any rank makes
-all ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=USR1@<seconds>`
+Leaving before the wall-time limit (training/stop.py): SIGUSR1 or SIGTERM on any rank makes all
+ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=USR1@<seconds>`
 (the ranks get it directly; torchrun must ignore it), or `--signal=B:USR1@<seconds>` forwarded by
 the batch script to the ranks; <seconds> must cover a step and a save. Details there.
 
@@ -43,23 +46,35 @@ from megatron.core import dist_checkpointing, parallel_state
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
 from training import checkpoint_state as ckpt_state
-from training.exit_signals import ExitSignals
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
 
 
-class CheckpointHook:
+class Checkpointer:
     """Saves at the interval and at the end, publishes atomically, resumes exactly."""
 
-    def __init__(self, cfg: TrainingConfig, run_dir: Path, device: str) -> None:
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        run_dir: Path,
+        device: str,
+        *,
+        model: list[Any],
+        optimizer: Any,
+        states: dict[str, Any],
+    ) -> None:
         ckpt = cfg.checkpoint
         self.cfg = cfg
+        self.model, self.optimizer = model, optimizer
+        missing = set(ckpt_state.STATES) - set(states)
+        if missing:
+            raise ValueError(f"a checkpoint needs the states {sorted(missing)} as well")
+        self.states = states
         self.save_dir = Path(ckpt.save_dir) if ckpt.save_dir else Path(run_dir) / "checkpoints"
         self.load_dir = Path(ckpt.load_dir) if ckpt.load_dir else None
         self.device = device
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
-        self._signals = ExitSignals()
         self._async_queue = None
         self._async_strategy = "mcore"
         if ckpt.async_save and device == "cuda":
@@ -87,39 +102,45 @@ class CheckpointHook:
                 )
         return path
 
-    def resume(self, trainer: Any) -> Path | None:
-        """Load the newest complete checkpoint into `trainer`, if there is one; returns its folder.
+    def resume(self) -> Path | None:
+        """Load the newest complete checkpoint in place, if there is one; returns its folder.
 
         With none to resume from, a fine-tuning run takes the weights of checkpoint.pretrained_dir.
         """
         path = self.find_resume_point()
         if path is None:
             if self.cfg.checkpoint.pretrained_dir:
-                self._load_pretrained(trainer, Path(self.cfg.checkpoint.pretrained_dir))
+                self._load_pretrained(Path(self.cfg.checkpoint.pretrained_dir))
             return None
         saved = dirs.read_state(path)
         ckpt_state.check_compatible(self.cfg, path, saved)
-        ckpt_state.load_model_and_optimizer(trainer, path, saved["dist_optimizer_sharding"])
-        restored = {k: saved[k] for k in ("step", "consumed_samples", "scheduler")}
+        ckpt_state.load_model_and_optimizer(
+            self.model, self.optimizer, path, saved["dist_optimizer_sharding"]
+        )
+        self.states["train"].load_state_dict({"step": saved["step"]})
+        self.states["scheduler"].load_state_dict(saved["scheduler"])
         same_world = saved["world_size"] == dist.get_world_size()
         if not same_world:  # RNG streams are per rank: nothing to map them onto
             if self.rank == 0:
                 print("checkpoint: world size changed: RNG streams start afresh", flush=True)
         elif ckpt_state.rng_file(path, self.rank).is_file():
-            restored["rng"] = ckpt_state.load_rng(path, self.rank)
-        # The batch source's own state (Energon's loader) is per DP rank: same layout only.
+            self.states["rng"].load_state_dict(ckpt_state.load_rng(path, self.rank))
+        # The batch source's own state (Energon's loader) is per DP rank: same layout only;
+        # otherwise the global data position alone.
+        data = {"consumed_samples": saved["consumed_samples"]}
         same_ranks = same_world and saved["layout"] == ckpt_state.layout(self.cfg)
         if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
-            restored["data"] = ckpt_state.load_data(path, self.rank)
-        trainer.restore(restored)
-        self.last_saved_step = trainer.step
+            data = ckpt_state.load_data(path, self.rank)
+        self.states["data"].load_state_dict(data)
+        step = int(saved["step"])
+        self.last_saved_step = step
         if self.rank == 0:
             if saved["config_hash"] != ckpt_state.config_hash(self.cfg):
                 print(f"checkpoint: the config differs from the one that saved {path}", flush=True)
-            print(f"resumed from {path} at step {trainer.step}", flush=True)
+            print(f"resumed from {path} at step {step}", flush=True)
         return path
 
-    def _load_pretrained(self, trainer: Any, folder: Path) -> None:
+    def _load_pretrained(self, folder: Path) -> None:
         """Model weights only from a complete checkpoint (or a folder whose latest one is)."""
         path = folder if dirs.is_complete(folder) else dirs.latest_checkpoint(folder)
         if path is None:
@@ -128,7 +149,7 @@ class CheckpointHook:
                 f"iter_XXXXXXX folder with {dirs.STATE_FILE}) and holds none; fix the path"
             )
         try:
-            ckpt_state.load_model_weights(trainer, path)
+            ckpt_state.load_model_weights(self.model, self.optimizer, path)
         except Exception as err:  # Megatron's own errors name tensors, not the setting
             raise ValueError(
                 f"checkpoint.pretrained_dir={str(folder)!r}: cannot load the weights in {path} "
@@ -139,31 +160,32 @@ class CheckpointHook:
             print(f"loaded pretrained weights from {path}; training starts at step 0", flush=True)
 
     # --- the hook -----------------------------------------------------------------------------
-    def after_step(self, trainer: Any) -> None:
+    def after_step(self, trainer: Any, stopping: bool) -> None:
+        """At every step boundary: publish finished asynchronous saves; save at the interval
+        (not when the run is stopping: at_end saves that step)."""
         if self._async_queue is not None:
             self._async_queue.maybe_finalize_async_calls(blocking=False)
-        if self._signals.agreed(trainer.torch_device):
-            trainer.stop_requested = True  # the loop ends at this boundary; at_end saves
-            if self.rank == 0:
-                print(f"exit signal: saving at step {trainer.step}, then exiting", flush=True)
-        elif trainer.step % max(1, self.cfg.checkpoint.save_interval) == 0:
-            self.save(trainer)
+        if not stopping and self.step % max(1, self.cfg.checkpoint.save_interval) == 0:
+            self.save()
 
     def at_end(self, trainer: Any) -> None:
-        self.save(trainer)
+        self.save()
         self.close()
 
     def close(self) -> None:
-        """Finish any asynchronous save and give the signal handlers back."""
+        """Finish any asynchronous save."""
         if self._async_queue is not None:
             self._async_queue.close()
             self._async_queue = None
-        self._signals.restore()
+
+    @property
+    def step(self) -> int:
+        return int(self.states["train"].state_dict()["step"])
 
     # --- save ---------------------------------------------------------------------------------
-    def save(self, trainer: Any) -> None:
+    def save(self) -> None:
         """Write this step's checkpoint (all ranks call this at the same step boundary)."""
-        step = trainer.step
+        step = self.step
         if step == self.last_saved_step:
             return  # e.g. at_end right after an interval save, or right after a resume
         if self._async_queue is not None:
@@ -173,20 +195,20 @@ class CheckpointHook:
             dirs.clean_stale(self.save_dir)
             tmp.mkdir(parents=True)
         dist.barrier()
-        state = trainer.state_for_checkpoint()
-        info = ckpt_state.train_state(self.cfg, state)
-        ckpt_state.sync_params_for_save(trainer)
+        states = {name: obj.state_dict() for name, obj in self.states.items()}
+        info = ckpt_state.train_state(self.cfg, states)
+        ckpt_state.sync_params_for_save(self.model)
+        sharding = info["dist_optimizer_sharding"]
         request = dist_checkpointing.save(
-            ckpt_state.sharded_state_dict(trainer, info["dist_optimizer_sharding"], False),
+            ckpt_state.sharded_state_dict(self.model, self.optimizer, sharding, False),
             str(tmp),
             sharded_strategy=self._save_strategy(),
             async_sharded_save=self._async_queue is not None,
             async_strategy=self._async_strategy,
         )
         # After save(): Megatron warns about a folder that is not empty when it starts.
-        ckpt_state.save_rng(tmp, self.rank, state["rng"])
-        if "data" in state:
-            ckpt_state.save_data(tmp, self.rank, state["data"])
+        ckpt_state.save_rng(tmp, self.rank, states["rng"])
+        ckpt_state.save_data(tmp, self.rank, states["data"])
         if request is None:
             self._publish(tmp, info)
         else:

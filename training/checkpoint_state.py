@@ -8,8 +8,11 @@
 - `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
   schedule's state, the config's name and hash, the parallel layout, the sharding type.
 - `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker).
-- `data/rank_XXXXX.pt`: each rank's batch source (`Trainer.batches.state_dict()`): for Energon its
-  savable loader's state, which differs between data-parallel ranks and knows what was prefetched.
+- `data/rank_XXXXX.pt`: each rank's batch source (its `state_dict()`): for Energon its savable
+  loader's state, which differs between data-parallel ranks and knows what was prefetched.
+
+The named states come from `Trainer.checkpoint_states()` (see `STATES`): the step counter ("train")
+and the LR schedule go into train_state.json, the RNG and the batch source into the per-rank files.
 
 Megatron-Core 0.19 with torch's Adam (no Transformer Engine or Apex: the CPU, and GPUs without TE)
 needs two corrections on load, see `_allocate_optimizer_state` and `_restore_adam_steps`.
@@ -32,6 +35,8 @@ from config.schema import TrainingConfig
 from config.tree import to_dict
 
 FORMAT_VERSION = 1
+# The named states a checkpoint holds besides the model and the optimizer.
+STATES = ("train", "scheduler", "rng", "data")
 
 
 def config_hash(cfg: TrainingConfig) -> str:
@@ -51,13 +56,13 @@ def layout(cfg: TrainingConfig) -> dict[str, Any]:
     }
 
 
-def train_state(cfg: TrainingConfig, state: dict[str, Any]) -> dict[str, Any]:
-    """The JSON part of a checkpoint, from `Trainer.state_for_checkpoint()`."""
+def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
+    """The JSON part of a checkpoint, from the `state_dict()` of each of `STATES`."""
     return {
         "format_version": FORMAT_VERSION,
-        "step": state["step"],
-        "consumed_samples": state["consumed_samples"],
-        "scheduler": state["scheduler"],
+        "step": states["train"]["step"],
+        "consumed_samples": states["data"]["consumed_samples"],
+        "scheduler": states["scheduler"],
         "config_name": cfg.name,
         "config_hash": config_hash(cfg),
         "layout": layout(cfg),
@@ -86,59 +91,60 @@ def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -
         )
 
 
-def model_chunks(trainer: Any) -> dict[str, torch.nn.Module]:
+def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:
     """The bare GPT modules (no DDP / Float16Module wrappers) by checkpoint key."""
-    chunks = unwrap_model(list(trainer.model))
+    chunks = unwrap_model(list(model))
     if len(chunks) == 1:
         return {"model": chunks[0]}
     return {f"model{i}": chunk for i, chunk in enumerate(chunks)}
 
 
-def sharded_state_dict(trainer: Any, sharding: str, is_loading: bool) -> dict[str, Any]:
+def sharded_state_dict(
+    model: list[Any], optimizer: Any, sharding: str, is_loading: bool
+) -> dict[str, Any]:
     metadata = {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
-    state = {
-        key: c.sharded_state_dict(metadata=metadata) for key, c in model_chunks(trainer).items()
-    }
-    state["optimizer"] = trainer.optimizer.sharded_state_dict(
+    state = {key: c.sharded_state_dict(metadata=metadata) for key, c in model_chunks(model).items()}
+    state["optimizer"] = optimizer.sharded_state_dict(
         state, is_loading=is_loading, metadata=metadata
     )
     return state
 
 
-def sync_params_for_save(trainer: Any) -> None:
+def sync_params_for_save(model: list[Any]) -> None:
     """Make every rank's copy of the weights current before they are written.
 
     With overlap_param_gather the distributed optimizer's updated shards are all-gathered lazily,
     in the next forward; without this, a rank would write weights one update old.
     """
-    for chunk in trainer.model:
+    for chunk in model:
         if getattr(chunk, "use_forward_hook", False):
             chunk.disable_forward_pre_hook(param_sync=True)
             chunk.enable_forward_pre_hook()
 
 
-def load_model_and_optimizer(trainer: Any, folder: Path, sharding: str) -> None:
+def load_model_and_optimizer(model: list[Any], optimizer: Any, folder: Path, sharding: str) -> None:
     """Model weights and optimizer state from `folder`, in place (every rank calls this)."""
-    _allocate_optimizer_state(trainer.optimizer)
-    loaded = dist_checkpointing.load(sharded_state_dict(trainer, sharding, True), str(folder))
-    for key, chunk in model_chunks(trainer).items():
+    _allocate_optimizer_state(optimizer)
+    state = sharded_state_dict(model, optimizer, sharding, True)
+    loaded = dist_checkpointing.load(state, str(folder))
+    for key, chunk in model_chunks(model).items():
         chunk.load_state_dict(loaded[key])
-    trainer.optimizer.load_state_dict(loaded["optimizer"])
-    _restore_adam_steps(trainer.optimizer)
+    optimizer.load_state_dict(loaded["optimizer"])
+    _restore_adam_steps(optimizer)
 
 
-def load_model_weights(trainer: Any, folder: Path) -> None:
+def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
     """Only the model weights from `folder` (fine-tuning), then the optimizer's copies of them.
 
     dist_checkpointing stores global tensors, so the weights load into any TP/PP layout. The
     optimizer built its FP32 main weights from the random initialisation: reload them, or the
     first step would write those back over the pretrained weights.
     """
-    state = {key: chunk.sharded_state_dict() for key, chunk in model_chunks(trainer).items()}
+    state = {key: chunk.sharded_state_dict() for key, chunk in model_chunks(model).items()}
     loaded = dist_checkpointing.load(state, str(folder))
-    for key, chunk in model_chunks(trainer).items():
+    for key, chunk in model_chunks(model).items():
         chunk.load_state_dict(loaded[key])
-    trainer.optimizer.reload_model_params()
+    optimizer.reload_model_params()
 
 
 def rng_file(folder: Path, rank: int) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -19,31 +18,7 @@ import torch.distributed as dist
 
 from config.finalize import Derived
 from config.schema import TrainingConfig
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """Where this process sits, as torchrun tells it."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-    @property
-    def num_nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-
-def launch_from_env() -> Launch:
-    env = os.environ
-    world = int(env.get("WORLD_SIZE", "1"))
-    return Launch(
-        rank=int(env.get("RANK", "0")),
-        world_size=world,
-        local_rank=int(env.get("LOCAL_RANK", "0")),
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
-    )
+from training.ranks import Launch
 
 
 def resolve_device(requested: str) -> str:

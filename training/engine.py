@@ -1,14 +1,16 @@
-"""The training loop on one rank: set up, step, log, hand state to checkpointing, tear down.
+"""The training loop on one rank: set up, step, log, tear down.
 
-Checkpointing plugs in at step boundaries without touching the loop:
-- `Trainer.state_for_checkpoint()` returns everything a checkpoint holds: the model chunks and
-  the optimizer (live objects, for Megatron's `sharded_state_dict`), the LR schedule's state, the
-  RNG states, the data position (`consumed_samples`) and the step.
-- `Trainer.restore(state)` takes the same dict back after the model and optimizer have been
-  loaded in place, and continues from that step with the samples that follow.
-- `Trainer.train(hooks)` calls `hook.after_step(trainer)` after every step and
-  `hook.at_end(trainer)` once the loop ends (max_steps, the time limit, or a hook that set
-  `trainer.stop_requested`, e.g. on an exit signal), on every rank.
+What a run trains with comes from the registries (config/registry.py): the architecture's model
+builder and forward, the data kind's batch source. Checkpointing plugs in at step boundaries
+without touching the loop:
+
+- `Trainer.checkpoint_states()` names, once, the objects a checkpoint holds besides the model
+  chunks and the optimizer, each with `state_dict()` / `load_state_dict()`: the step counter, the
+  LR schedule, the RNG states and the batch source (its data position). The checkpointer
+  (training/checkpoint.py) saves them and loads them back in place.
+- `Trainer.train(hooks, stop)` calls `hook.after_step(trainer, stopping)` after every step and
+  `hook.at_end(trainer)` once the loop ends, on every rank. `stop` (training/stop.py) makes the one
+  stop decision of each step: an exit signal on any rank, or train.exit_duration_minutes.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
+from config.estimate import model_flops_per_token
 from config.finalize import Derived
+from config.registry import DATA_KINDS, MODEL_ARCHS, load
 from config.schema import TrainingConfig
 from models.gpt import chunks_per_rank
 from training import distributed
-from training.batches import TrainBatches, build_dataset
 from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
 from training.metrics import MetricsLogger
 from training.step import eval_step, train_step
+from training.stop import StopPolicy
 
 
 class StepLogger(Protocol):
@@ -45,18 +49,28 @@ class StepLogger(Protocol):
 
 
 class Hook(Protocol):
-    def after_step(self, trainer: Trainer) -> None: ...
+    def after_step(self, trainer: Trainer, stopping: bool) -> None: ...
 
     def at_end(self, trainer: Trainer) -> None: ...
 
 
-def _flops_per_token(cfg: TrainingConfig) -> float | None:
-    """Model FLOPs per trained token (forward + backward) from config.estimate, when present."""
-    try:
-        from config.estimate import model_flops_per_token
-    except ImportError:
-        return None
-    return float(model_flops_per_token(cfg))
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TrainProgress:
+    """The step counter, as a checkpointed object."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
 
 
 def rng_state() -> dict[str, Any]:
@@ -80,8 +94,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+class RNGState:
+    """This rank's random generators (python, numpy, torch, CUDA, Megatron's tracker)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
 class Trainer:
-    """One rank's model chunks, optimizer, LR schedule, batches and step counter."""
+    """One rank's model chunks, optimizer, LR schedule, batches and step counter.
+
+    Needs the default process group (training/distributed.py `init_process_group`); builds
+    Megatron-Core's model-parallel groups itself.
+    """
 
     def __init__(
         self,
@@ -93,9 +121,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.derived, self.device, self.run_dir = cfg, derived, device, run_dir
         self.peak_tflops = peak_tflops  # per GPU in the run's GEMM precision; None: no MFU (CPU)
-        self.step = 0
-        # A hook sets this (on every rank alike) to end the loop at this step boundary.
-        self.stop_requested = False
+        self.progress = TrainProgress()
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
         # Every rank of a replica (its TP, PP and CP ranks) reads that replica's samples.
@@ -110,57 +136,43 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, self.config)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         wire_schedules(self.config, self.model, self.optimizer)
+        self.forward = load(MODEL_ARCHS[cfg.model.arch].forward)
 
-        samples = cfg.train.max_steps * cfg.train.global_batch_size
-        self.dataset = build_dataset(cfg, samples)
+        # The data kind's batch source. Every rank builds it (Megatron's dataset builders
+        # synchronise the ranks), the validation one too when the run evaluates.
+        source = load(DATA_KINDS[cfg.data.kind].source)
+        self.batches = source(cfg, derived, self.dp_rank, device, "train")
         evaluating = cfg.train.eval_interval > 0
-        valid_samples = cfg.train.eval_iters * cfg.train.global_batch_size
-        self.valid_dataset = build_dataset(cfg, valid_samples, "valid") if evaluating else None
-        self.batches = self._batches(consumed_samples=0)
+        self.valid_batches = (
+            source(cfg, derived, self.dp_rank, device, "valid") if evaluating else None
+        )
         # Anything with on_step(step, metrics) and close() can stand here (StepLogger).
         self.logger: StepLogger = MetricsLogger(run_dir, cfg, is_writer=dist.get_rank() == 0)
-        self.flops_per_token = _flops_per_token(cfg)
+        self.flops_per_token = float(model_flops_per_token(cfg))
 
-    def _batches(self, consumed_samples: int) -> Any:
-        cfg, derived, dp_rank = self.cfg, self.derived, self.dp_rank
-        if cfg.data.kind == "energon":  # images + text through Energon's savable loader
-            from data.energon import EnergonBatches
+    @property
+    def step(self) -> int:
+        return self.progress.step
 
-            return EnergonBatches(cfg, derived, dp_rank, self.device, consumed_samples)
-        return TrainBatches(cfg, derived, self.dataset, dp_rank, self.device, consumed_samples)
-
-    # --- the checkpoint seam ------------------------------------------------------------------
-    def state_for_checkpoint(self) -> dict[str, Any]:
-        """What a checkpoint saves, taken at a step boundary."""
+    def checkpoint_states(self) -> dict[str, Stateful]:
+        """What a checkpoint holds besides the model chunks and the optimizer, by name."""
         return {
-            "step": self.step,
-            "consumed_samples": self.batches.consumed_samples,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
-            "data": self.batches.state_dict(),  # this rank's loader position (Energon: its state)
+            "train": self.progress,
+            "scheduler": self.scheduler,
+            "rng": RNGState(),
+            "data": self.batches,
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint whose model and optimizer were already loaded in place."""
-        self.step = int(state["step"])
-        self.logger.resume_from(self.step)  # one metrics.jsonl record per step across restarts
-        self.scheduler.load_state_dict(state["scheduler"])
-        if "rng" in state:
-            set_rng_state(state["rng"])
-        self.batches = self._batches(consumed_samples=int(state["consumed_samples"]))
-        if "data" in state and hasattr(self.batches, "load_state_dict"):
-            self.batches.load_state_dict(state["data"])
-
     # --- the loop -----------------------------------------------------------------------------
-    def train(self, hooks: Sequence[Hook] = ()) -> None:
+    def train(self, hooks: Sequence[Hook] = (), stop: StopPolicy | None = None) -> None:
         cfg = self.cfg
+        if self.step:
+            self.logger.resume_from(self.step)  # one metrics.jsonl record per step across restarts
         tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
-        started = time.monotonic()
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()
             result = train_step(
+                self.forward,
                 self.model,
                 self.optimizer,
                 self.scheduler,
@@ -172,11 +184,15 @@ class Trainer:
             if self.device == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0
-            self.step += 1
+            self.progress.step += 1
             self._log(result, tokens_per_step / elapsed, elapsed, self._maybe_evaluate())
+            reason = stop.check() if stop is not None else None
             for hook in hooks:
-                hook.after_step(self)
-            if self.stop_requested or self._out_of_time(started):
+                hook.after_step(self, stopping=reason is not None)
+            if reason is not None:
+                if dist.get_rank() == 0:
+                    why = "exit signal" if reason == "signal" else "train.exit_duration_minutes"
+                    print(f"{why}: saving at step {self.step}, then exiting", flush=True)
                 break
         for hook in hooks:
             hook.at_end(self)
@@ -186,10 +202,11 @@ class Trainer:
         interval = self.cfg.train.eval_interval
         if interval <= 0 or self.step % interval:
             return None
-        cfg = self.cfg
-        batches = TrainBatches(cfg, self.derived, self.valid_dataset, self.dp_rank, self.device)
+        cfg, batches = self.cfg, self.valid_batches
+        batches.load_state_dict({"consumed_samples": 0})  # from the start of the split again
         losses = [
             eval_step(
+                self.forward,
                 self.model,
                 batches.next_step(),
                 cfg.model.seq_length,
@@ -204,16 +221,14 @@ class Trainer:
         self, result: Any, tokens_per_s: float, elapsed: float, val_loss: float | None = None
     ) -> None:
         world = dist.get_world_size()
-        tflops = (
-            self.flops_per_token * tokens_per_s / world / 1e12 if self.flops_per_token else None
-        )
+        tflops = self.flops_per_token * tokens_per_s / world / 1e12
         metrics = {
             "loss": result.loss,
             "lr": result.lr,
             "grad_norm": result.grad_norm,
             "tokens_per_s": tokens_per_s,
             "tflops_per_gpu": tflops,
-            "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
+            "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
             "step_time_s": elapsed,
         }
         if val_loss is not None:
@@ -221,17 +236,6 @@ class Trainer:
         if result.skipped:
             metrics["skipped"] = True
         self.logger.on_step(self.step, metrics)  # writes on global rank 0 only
-
-    def _out_of_time(self, started: float) -> bool:
-        """train.exit_duration_minutes reached on any rank (all ranks agree, so none is left waiting)."""
-        limit = self.cfg.train.exit_duration_minutes
-        if limit is None:
-            return False
-        late = torch.tensor(
-            [float(time.monotonic() - started > 60 * limit)], device=self.torch_device
-        )
-        dist.all_reduce(late, op=dist.ReduceOp.MAX)
-        return bool(late.item())
 
     def close(self) -> None:
         self.logger.close()

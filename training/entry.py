@@ -15,14 +15,14 @@ from pathlib import Path
 
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from config.tree import ConfigError, apply_overrides, from_dict, to_dict
+from config.tree import ConfigError, apply_overrides, from_dict, write_yaml
+from training.ranks import launch_from_env
 
 
 def cluster_from_env(device: str) -> Cluster:
     """The Cluster this job runs on, from torchrun's environment and the visible device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    nodes = max(1, world // max(1, per_node))
+    launch = launch_from_env()
+    nodes, per_node = launch.num_nodes, launch.local_world_size
     if device == "cpu":
         return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
     import torch
@@ -56,12 +56,6 @@ def run_dir_for(cfg: TrainingConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{stamp}"
 
 
-def _write_config(cfg: TrainingConfig, path: Path) -> None:
-    import yaml
-
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-
-
 def pretrain(config: TrainingConfig) -> None:
     """Check `config` against the cluster this rank runs on, then train it (every rank calls this).
 
@@ -80,22 +74,33 @@ def pretrain(config: TrainingConfig) -> None:
 
     run_dir = run_dir_for(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if int(os.environ.get("RANK", "0")) == 0:
-        _write_config(config, run_dir / "config.yaml")
+    if launch_from_env().rank == 0:
+        write_yaml(config, run_dir / "config.yaml")
 
     from training import distributed
-    from training.checkpoint import CheckpointHook
+    from training.checkpoint import Checkpointer
     from training.engine import Trainer
+    from training.stop import StopPolicy
 
     owns_group = False
-    trainer = None
+    trainer = stop = None
     try:
-        owns_group = distributed.init_process_group(distributed.launch_from_env(), device)
+        owns_group = distributed.init_process_group(launch_from_env(), device)
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
-        checkpoints = CheckpointHook(config, run_dir, device)
-        checkpoints.resume(trainer)  # from the newest complete checkpoint, if any: job chains
-        trainer.train([checkpoints])
+        checkpoints = Checkpointer(
+            config,
+            run_dir,
+            device,
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            states=trainer.checkpoint_states(),
+        )
+        checkpoints.resume()  # from the newest complete checkpoint, if any: job chains
+        stop = StopPolicy(config.train.exit_duration_minutes, trainer.torch_device)
+        trainer.train([checkpoints], stop)
     finally:
+        if stop is not None:
+            stop.close()
         if trainer is not None:
             trainer.close()
         # A process group that existed before this call (several runs in one group) stays.

@@ -19,8 +19,6 @@ from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from data.sft import attention_mask
-
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
@@ -47,20 +45,16 @@ def loss_func(
     return loss_sum, num_tokens, {"lm loss": report}
 
 
-def forward_step(
-    data_iterator: Iterator[dict], model: torch.nn.Module
-) -> tuple[torch.Tensor, Callable]:
-    """Megatron's forward_step_func: one microbatch through one model chunk."""
-    batch = next(data_iterator)
-    if "images" in batch:  # a vision-language batch (data/energon.py) for LLaVAModel
-        from models.llava_model import llava_forward_step
+Forward = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
 
-        return llava_forward_step(batch, model, loss_func)
-    # With labels, GPTModel returns the per-token cross-entropy [b, s] (vocab-parallel over TP).
-    # Packed SFT rows attend within their segments only (data/sft.py); other rows are causal.
-    mask = attention_mask(batch["segment_ids"]) if "segment_ids" in batch else None
-    output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
-    return output, partial(loss_func, batch["loss_mask"])
+
+def forward_step(
+    forward: Forward, data_iterator: Iterator[dict], model: torch.nn.Module
+) -> tuple[torch.Tensor, Callable]:
+    """Megatron's forward_step_func (bound to the architecture's `forward`, config/registry.py):
+    one microbatch through one model chunk, and the loss function of its loss mask."""
+    output, loss_mask = forward(model, next(data_iterator))
+    return output, partial(loss_func, loss_mask)
 
 
 def _global_loss(per_microbatch: list[dict], device: torch.device) -> float | None:
@@ -91,6 +85,7 @@ def _data_iterators(microbatches: list[dict], num_chunks: int) -> Any:
 
 
 def _run_schedule(
+    forward: Forward,
     model: list[torch.nn.Module],
     microbatches: list[dict],
     seq_length: int,
@@ -99,7 +94,7 @@ def _run_schedule(
 ) -> list[dict]:
     """The step's microbatches through Megatron's (pipeline) schedule; each one's loss report."""
     return get_forward_backward_func()(
-        forward_step_func=forward_step,
+        forward_step_func=partial(forward_step, forward),
         data_iterator=_data_iterators(microbatches, len(model)),
         model=model,
         num_microbatches=len(microbatches),
@@ -110,6 +105,7 @@ def _run_schedule(
 
 
 def train_step(
+    forward: Forward,
     model: list[torch.nn.Module],
     optimizer: Any,
     scheduler: Any,
@@ -122,7 +118,9 @@ def train_step(
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    losses = _run_schedule(model, microbatches, seq_length, micro_batch_size, forward_only=False)
+    losses = _run_schedule(
+        forward, model, microbatches, seq_length, micro_batch_size, forward_only=False
+    )
     lr = get_canonical_lr_for_logging(optimizer.param_groups)  # the LR this update uses
     updated, grad_norm, _ = optimizer.step()
     if updated:
@@ -136,6 +134,7 @@ def train_step(
 
 
 def eval_step(
+    forward: Forward,
     model: list[torch.nn.Module],
     microbatches: list[dict],
     seq_length: int,
@@ -148,7 +147,7 @@ def eval_step(
     try:
         with torch.no_grad():
             losses = _run_schedule(
-                model, microbatches, seq_length, micro_batch_size, forward_only=True
+                forward, model, microbatches, seq_length, micro_batch_size, forward_only=True
             )
     finally:
         for chunk in model:

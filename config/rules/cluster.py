@@ -20,7 +20,9 @@ def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Prob
         out.append(
             Problem(
                 "cluster",
-                f"needs at least one node and one GPU per node, got {cluster.num_nodes} x {cluster.gpus_per_node}",
+                f"needs at least one node and one GPU per node, got {cluster.num_nodes} x "
+                f"{cluster.gpus_per_node}; give --nodes and --gpus-per-node (or the profile's "
+                "nodes and gpus_per_node) as 1 or more",
             )
         )
     return out

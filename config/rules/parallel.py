@@ -28,7 +28,7 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     if out:
         return out
     world = d.world_size
-    if d.data_parallel_size is None:
+    if d.data_parallel_size is None and world >= 1:  # an empty world: the cluster rule
         # Name the size that cannot divide the world by itself; else the largest one.
         candidates = [
             ("parallel.context_parallel_size", cp),

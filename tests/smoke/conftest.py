@@ -45,13 +45,11 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def resolved_config(root: Path, recipe: str) -> Path:
     """A catalog recipe resolved into root/<recipe>.yaml, as `recipes run` writes it for the ranks."""
-    from config.tree import to_dict
-    from recipes.cli import resolve
+    from config.tree import write_yaml
+    from recipes.registry import resolve
 
     _, cfg = resolve(recipe, [])
-    path = root / f"{recipe}.yaml"
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-    return path
+    return write_yaml(cfg, root / f"{recipe}.yaml")
 
 
 class Runs:

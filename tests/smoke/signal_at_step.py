@@ -15,19 +15,20 @@ from typing import Any
 
 import torch.distributed as dist
 
-from training import checkpoint, entry
+from training import engine, entry
 
 STEP = int(os.environ["RECIPES_TEST_SIGNAL_AT_STEP"])
-_after_step = checkpoint.CheckpointHook.after_step
+_log = engine.Trainer._log
 
 
-def after_step(self: checkpoint.CheckpointHook, trainer: Any) -> None:
-    if trainer.step == STEP and dist.get_rank() == dist.get_world_size() - 1:
+def _log_then_signal(self: engine.Trainer, *args: Any, **kwargs: Any) -> None:
+    """Step N is logged; the stop decision of that step comes next and sees the signal."""
+    _log(self, *args, **kwargs)
+    if self.step == STEP and dist.get_rank() == dist.get_world_size() - 1:
         signal.raise_signal(signal.SIGUSR1)
-    _after_step(self, trainer)
 
 
-checkpoint.CheckpointHook.after_step = after_step
+engine.Trainer._log = _log_then_signal
 
 if __name__ == "__main__":
     sys.exit(entry.main())

@@ -1,9 +1,10 @@
-"""Leaving cleanly before the wall-time limit: SIGUSR1 / SIGTERM -> checkpoint at the next step -> exit 0.
+"""When to stop early: an exit signal (SIGUSR1 / SIGTERM) or train.exit_duration_minutes, decided
+once per step for all ranks -> checkpoint at that step -> exit 0.
 
 The handlers only set a flag (nothing else is safe inside a signal handler). At every step boundary
-the checkpoint hook (training/checkpoint.py) asks `ExitSignals.agreed()`: an all-reduce (MAX) of the
-flag over all ranks, so one signalled rank is enough and every rank leaves at the same step. The job
-then saves a checkpoint at that step and exits 0; the next job of the chain resumes from it. A
+the train loop asks `StopPolicy.check()`: one all-reduce (MAX) of [signal received, time is up] over
+all ranks, so one signalled (or late) rank is enough and every rank leaves at the same step. The
+job then saves a checkpoint at that step and exits 0; the next job of the chain resumes from it. A
 second signal ends the process at once (a job that must die is not held up by a slow save), unless
 it comes within REPEAT_WINDOW_S of the first: Slurm sends SIGTERM to every process and torchrun
 forwards it again, so a rank sees the same request twice in quick succession.
@@ -65,13 +66,32 @@ class ExitSignals:
         self.received = signum
         self._received_at = now
 
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank when any rank got a signal (a collective: all ranks must call it)."""
-        flag = torch.tensor([0 if self.received is None else 1], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     def restore(self) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+
+
+class StopPolicy:
+    """One stop decision per step for all ranks: an exit signal anywhere, or the time limit."""
+
+    def __init__(self, exit_duration_minutes: float | None, device: torch.device) -> None:
+        self.limit_s = None if exit_duration_minutes is None else 60 * exit_duration_minutes
+        self.device = device
+        self.started = time.monotonic()
+        self.signals = ExitSignals()
+
+    def check(self) -> str | None:
+        """ "signal", "time" or None, the same on every rank (a collective: all ranks call it)."""
+        late = self.limit_s is not None and time.monotonic() - self.started > self.limit_s
+        flags = torch.tensor(
+            [float(self.signals.received is not None), float(late)], device=self.device
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0].item():
+            return "signal"
+        return "time" if flags[1].item() else None
+
+    def close(self) -> None:
+        """Give the signal handlers back."""
+        self.signals.restore()

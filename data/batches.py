@@ -1,9 +1,12 @@
-"""Training batches: the dataset (chosen by data.kind), each data-parallel rank's slice, in order.
+"""Batches from a map-style dataset: each data-parallel rank's slice of the global batches, in order.
+
+The batch source of the `mock`, `indexed` and `sft` data kinds (data/pretrain.py, data/sft.py; see
+config/registry.py for the interface every kind's source has).
 
 The position in the data is one number, `consumed_samples` (global samples handed out so far,
-always a whole number of global batches at a step boundary). A resumed run rebuilds its batches
-with the saved number and continues with exactly the samples that follow, whatever the
-DataLoader had prefetched when the checkpoint was taken.
+always a whole number of global batches at a step boundary). A resumed run loads the saved number
+(`load_state_dict`) and continues with exactly the samples that follow, whatever the DataLoader
+had prefetched when the checkpoint was taken; at another world size too.
 
 Every rank of a data-parallel replica (all its TP and PP ranks) reads the same samples: the
 first pipeline stage needs the tokens, the last the labels and loss mask; reading them on every
@@ -27,36 +30,6 @@ def on_device(micro: list[dict[str, torch.Tensor]], device: str) -> list[dict[st
     if device != "cuda":
         return micro
     return [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
-
-
-def build_dataset(cfg: TrainingConfig, num_samples: int, part: str = "train") -> Dataset:
-    """The `part` ("train" or "valid") split for cfg.data.kind, holding at least `num_samples`.
-
-    Every rank must call this: Megatron's dataset builder synchronises the ranks while global
-    rank 0 writes the index caches.
-    """
-    kind = cfg.data.kind
-    if kind in ("mock", "indexed"):
-        # Megatron's MockGPTDataset / GPTDataset through its BlendedMegatronDatasetBuilder, with the
-        # run's tokenizer (a null one for mock data): see data/pretrain.py.
-        from data.pretrain import build_pretrain_datasets
-        from data.tokenizer import build_tokenizer
-
-        sizes = (num_samples, 0) if part == "train" else (0, num_samples)
-        train, valid, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), *sizes)
-        return train if part == "train" else valid
-    if kind == "sft":  # prompt/response pairs, loss on the response: data/sft.py
-        from data.sft import build_sft_dataset
-        from data.tokenizer import build_tokenizer
-
-        return build_sft_dataset(cfg, build_tokenizer(cfg), num_samples, part)
-    if kind == "energon":
-        return None  # Energon's loader is its own dataset: data/energon.py EnergonBatches
-    # The checker refuses any other kind before a rank starts; this guards direct callers.
-    raise ValueError(
-        f"data.kind={kind!r} has no batch source in the engine; use 'mock', 'indexed', 'sft' or "
-        "'energon'"
-    )
 
 
 class DataParallelSampler:
@@ -86,46 +59,55 @@ class DataParallelSampler:
         return max(0, (self.total - self.consumed_samples) // (self.micro * self.dp_size))
 
 
-class TrainBatches:
+class SampledBatches:
     """The microbatches of each step, from `consumed_samples` on."""
 
     def __init__(
-        self,
-        cfg: TrainingConfig,
-        derived: Derived,
-        dataset: Dataset,
-        dp_rank: int,
-        device: str,
-        consumed_samples: int = 0,
+        self, cfg: TrainingConfig, derived: Derived, dataset: Dataset, dp_rank: int, device: str
     ) -> None:
         self.num_microbatches = derived.num_microbatches
         self.global_batch_size = cfg.train.global_batch_size
-        self.consumed_samples = consumed_samples
+        self.micro_batch_size = cfg.train.micro_batch_size
+        self.dataset, self.dp_rank, self.dp_size = dataset, dp_rank, derived.data_parallel_size
         self.device = device
-        sampler = DataParallelSampler(
-            len(dataset),
-            consumed_samples,
-            cfg.train.micro_batch_size,
-            dp_rank,
-            derived.data_parallel_size,
-        )
         # On the CPU the ranks already occupy every core: loader workers would only compete with them.
-        workers = cfg.data.num_workers if device == "cuda" else 0
-        self._loader = iter(
+        self.workers = cfg.data.num_workers if device == "cuda" else 0
+        self.pin_memory = cfg.data.pin_memory and device == "cuda"
+        self._start(consumed_samples=0)
+
+    def _start(self, consumed_samples: int) -> None:
+        self.consumed_samples = consumed_samples
+        self._loader: Iterator[dict[str, torch.Tensor]] | None = None  # made by the first read
+
+    def _open(self) -> Iterator[dict[str, torch.Tensor]]:
+        sampler = DataParallelSampler(
+            len(self.dataset),
+            self.consumed_samples,
+            self.micro_batch_size,
+            self.dp_rank,
+            self.dp_size,
+        )
+        return iter(
             DataLoader(
-                dataset,
+                self.dataset,
                 batch_sampler=sampler,
-                num_workers=workers,
-                pin_memory=cfg.data.pin_memory and device == "cuda",
-                persistent_workers=workers > 0,
+                num_workers=self.workers,
+                pin_memory=self.pin_memory,
+                persistent_workers=self.workers > 0,
             )
         )
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """This rank's microbatches of the next global batch, on the training device."""
+        if self._loader is None:
+            self._loader = self._open()
         micro = [next(self._loader) for _ in range(self.num_microbatches)]
         self.consumed_samples += self.global_batch_size
         return on_device(micro, self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue with the samples that follow `consumed_samples` (0: from the start again)."""
+        self._start(int(state["consumed_samples"]))
