@@ -238,4 +238,6 @@ class Trainer:
         self.logger.on_step(self.step, metrics)  # writes on global rank 0 only
 
     def close(self) -> None:
+        """Close the logs and take down the model-parallel groups this trainer set up."""
         self.logger.close()
+        distributed.destroy(process_group=False)
