@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint golden bench env clean
+.PHONY: demo test test-fast lint golden bench env clean
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
@@ -16,6 +16,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The edit loop: everything but the multi-process CPU runs and the Slurm jobs (the engine still
+# trains in-process, tests/test_engine.py). GPU tests skip without a GPU here as in `make test`.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not smoke and not slurm"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

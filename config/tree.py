@@ -44,6 +44,18 @@ def choices(cls: type, name: str) -> list[Any] | None:
     return None
 
 
+def choice_fields(cls: type, prefix: str = "") -> list[tuple[str, list[Any]]]:
+    """(dotted path, valid values) of every field of the schema with a fixed set of values."""
+    out = []
+    for name, tp in field_types(cls).items():
+        inner, _ = _optional_inner(tp)
+        if dataclasses.is_dataclass(inner):
+            out += choice_fields(inner, f"{prefix}{name}.")
+        elif (values := choices(cls, name)) is not None:
+            out.append((f"{prefix}{name}", values))
+    return out
+
+
 def not_one_of(value: Any, allowed: list[Any]) -> str:
     """The message for a value outside its field's choices, with the closest valid one."""
     listed = ", ".join(str(a) for a in allowed)

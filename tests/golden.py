@@ -49,6 +49,30 @@ def recipe_goldens() -> dict[Path, str]:
     }
 
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+CHOICES_BEGIN = "<!-- fields with choices: generated from config/schema.py by `make golden` -->"
+CHOICES_END = "<!-- end of generated fields -->"
+
+
+def readme_choices() -> str:
+    """The README's table of the fields with a fixed set of values, from the schema itself."""
+    from config.schema import TrainingConfig
+    from config.tree import choice_fields
+
+    rows = [
+        f"| `{path}` | {', '.join(f'`{v}`' for v in values)} |"
+        for path, values in choice_fields(TrainingConfig)
+    ]
+    return "\n".join([CHOICES_BEGIN, "| field | values |", "|---|---|", *rows, CHOICES_END])
+
+
+def readme_with_choices(text: str) -> str:
+    """README text with its generated table replaced by the current one."""
+    head, _, rest = text.partition(CHOICES_BEGIN)
+    _, _, tail = rest.partition(CHOICES_END)
+    return head + readme_choices() + tail
+
+
 def all_goldens() -> dict[Path, str]:
     """Every golden file and its expected text; other generators add themselves here."""
     goldens = recipe_goldens()

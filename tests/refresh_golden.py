@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.golden import GOLDEN, all_goldens
+from tests.golden import GOLDEN, README, all_goldens, readme_with_choices
 
 
 def main() -> None:
@@ -13,7 +13,9 @@ def main() -> None:
     stale = {p for p in GOLDEN.rglob("*") if p.is_file()} - set(goldens)
     for path in stale:
         path.unlink()
+    README.write_text(readme_with_choices(README.read_text()))
     print(f"wrote {len(goldens)} golden files under {GOLDEN}, removed {len(stale)} stale ones")
+    print(f"rewrote the table of fields with choices in {README}")
 
 
 if __name__ == "__main__":

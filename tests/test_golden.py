@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.golden import GOLDEN, all_goldens
+from tests.golden import CHOICES_BEGIN, GOLDEN, README, all_goldens, readme_with_choices
 
 GOLDENS = all_goldens()
 
@@ -22,3 +22,10 @@ def test_no_stale_goldens() -> None:
     assert on_disk <= set(GOLDENS), (
         f"stale golden files: {sorted(on_disk - set(GOLDENS))}; run `make golden`"
     )
+
+
+def test_readme_lists_the_schemas_choices() -> None:
+    """The README's table of valid values comes from the schema (Literal fields and registries)."""
+    text = README.read_text()
+    assert CHOICES_BEGIN in text
+    assert text == readme_with_choices(text), "README's field table is stale: run `make golden`"
