@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from config.blend import parse_blend
 
 if TYPE_CHECKING:
-    from config.schema import DataConfig, TrainingConfig
+    from config.schema import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,8 @@ class DataKind:
     # Packed rows carry segment ids and attend within their segment only (an explicit mask).
     masks_packed_rows: bool = False
     images: bool = False  # feeds images: only an architecture with `takes_images` can train on it
-    # The files and folders data.path names, as the ranks will open them (the launcher's check).
+    # The files and folders data.path names, as the ranks will open them (the launcher's check);
+    # ValueError for a data.path it cannot read (the checker reports it).
     inputs: Callable[[str], list[str]] = lambda path: [path]
 
 
@@ -63,10 +64,7 @@ class ModelArch:
 
 def _indexed_inputs(path: str) -> list[str]:
     """Each blend prefix's .bin and .idx (object storage, s3:// and the like, is left to Megatron)."""
-    try:
-        prefixes, _ = parse_blend(path)
-    except ValueError:
-        return []  # the checker names the malformed blend
+    prefixes, _ = parse_blend(path)
     return [p + ext for p in prefixes if "://" not in p for ext in (".bin", ".idx")]
 
 
@@ -140,10 +138,9 @@ def unregister_data_kind(name: str) -> None:
     DATA_KINDS.pop(name, None)
 
 
-def data_kind(cfg: TrainingConfig | DataConfig) -> DataKind | None:
+def data_kind(cfg: TrainingConfig) -> DataKind | None:
     """The registry entry of a config's data.kind (None for an unknown kind: the checker says so)."""
-    data = getattr(cfg, "data", cfg)
-    return DATA_KINDS.get(data.kind)
+    return DATA_KINDS.get(cfg.data.kind)
 
 
 def model_arch(cfg: TrainingConfig) -> ModelArch | None:

@@ -37,7 +37,10 @@ def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:
         out.append(("data.tokenizer", data.tokenizer))
     kind = data_kind(cfg)
     if data.path and kind is not None:  # the files its data.path names (config/registry.py)
-        out += [("data.path", path) for path in kind.inputs(data.path)]
+        try:
+            out += [("data.path", path) for path in kind.inputs(data.path)]
+        except ValueError:
+            pass  # a data.path the kind cannot read: the checker has refused it already
     for field in ("load_dir", "pretrained_dir"):
         if getattr(ckpt, field):
             out.append((f"checkpoint.{field}", getattr(ckpt, field)))

@@ -169,6 +169,7 @@ INVALID = [
         "data.split",
     ),
     (["data.kind=sft", "data.tokenizer=/t.json"], None, "data.path"),
+    (["data.kind=indexed", "data.path=0.5 /d/a 0.5", "data.tokenizer=/t.json"], None, "data.path"),
     (["data.kind=sft", "data.path=/data/x.jsonl"], None, "data.tokenizer"),
     (
         [

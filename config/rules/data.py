@@ -18,6 +18,11 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         return out  # an unknown kind: the choices rule names it and the valid ones
     if kind.needs_path and not data.path:
         out.append(Problem("data.path", f"data.kind='{kind.name}' needs a path to the dataset"))
+    if data.path:
+        try:
+            kind.inputs(data.path)
+        except ValueError as err:  # e.g. an indexed blend that is not "w1 prefix1 w2 prefix2"
+            out.append(Problem("data.path", str(err)))
     if kind.needs_tokenizer and not data.tokenizer:
         out.append(
             Problem(
