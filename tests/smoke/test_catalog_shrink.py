@@ -1,8 +1,24 @@
 """Every catalog recipe, shrunk, trains 3 steps on the CPU with its own layout scaled to 4 processes.
 
-Through the user's command: `recipes run NAME --shrink --executor local --device cpu
---gpus-per-node W`. A recipe whose shrunk layout still needs a GPU feature (sequence or context
-parallel, FP8) is skipped with the reason, as the CPU mode cannot run it.
+Each recipe trains the config that `recipes run NAME --shrink --executor local --device cpu
+--gpus-per-node W` hands its ranks, W = min(4, its published world size). A recipe whose shrunk
+layout still needs a GPU feature (sequence or context parallel, FP8) is skipped with the reason, as
+the CPU mode cannot run it.
+
+Grouped, because on a small machine process start-up costs more than 3 steps of a shrunk model
+(Python and NeMo-Run in the CLI, torchrun, every rank importing torch and Megatron-Core):
+
+- `tiny_gpt_pretrain` alone goes through the user's whole command (NeMo-Run's LocalExecutor,
+  torchrun, `python -m training.entry`; the last line `run directory: PATH`), and the config that
+  command wrote must be the one `resolve_shrunk` builds here: that keeps the grouped path honest.
+- Every other recipe is resolved here, in the pytest process, as recipes/launch.py `run_command`
+  resolves it, into a YAML file. The recipes of one world size then train one after another in a
+  single torchrun launch of tests/smoke/run_many.py: one gloo group, and each run builds and tears
+  down its own Megatron-Core groups, into its own logging.run_dir.
+
+The launches run once per session (only for the recipes selected), and the test stays one case per
+recipe, asserting on that recipe's own metrics.jsonl. A recipe that raises ends its launch: it
+fails alone, with its part of the log, and the recipes after it go on in a new launch.
 """
 
 from __future__ import annotations
@@ -11,71 +27,274 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from config.hardware import Cluster
 from config.rules import validate
+from config.schema import TrainingConfig
+from config.tree import apply_overrides, to_dict
+from launchers.env import plan_env
+from launchers.inputs import check_inputs
+from launchers.local import process_env
+from launchers.profile import Profile
 from recipes.registry import all_recipes
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
+from tests.smoke.conftest import _env
+from tests.smoke.run_many import MARK
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]
 MAX_PROCESSES = 4  # on 2 cores: enough for TP x PP = 2 x 2 or EP 4, still quick
+CLI_RECIPE = "tiny_gpt_pretrain"  # the one recipe launched through `recipes run`
+SECONDS_PER_RECIPE = 300  # a launch's time limit: this much per recipe in it (2 cores, 4 ranks)
+TEST = "test_shrunk_recipe_trains_on_cpu"
+
+
+def world_for(name: str) -> int:
+    return min(MAX_PROCESSES, all_recipes()[name].cluster.world_size)
+
+
+def cpu_cluster(world: int) -> Cluster:
+    """The cluster `recipes run --device cpu --gpus-per-node W` sizes for a GPU recipe."""
+    return Cluster(num_nodes=1, gpus_per_node=world, gpu="cpu")
+
+
+def resolve_shrunk(name: str, world: int, overrides: list[str]) -> TrainingConfig:
+    """What `recipes run NAME --shrink --device cpu --gpus-per-node W OVERRIDES` hands its ranks,
+    in run_command's order: device, shrink, fit to the world, CPU collectives, then the overrides."""
+    cfg = all_recipes()[name].config()
+    cfg.train.device = "cpu"
+    cfg = shrink(cfg)
+    fit_to_world(cfg, world)
+    use_cpu_collectives(cfg)
+    return apply_overrides(cfg, overrides)
 
 
 def cpu_blockers(name: str, world: int) -> list[str]:
     """What the shrunk recipe still needs a GPU for, as the checker words it."""
-    cfg = shrink(all_recipes()[name].config())
-    cfg.train.device = "cpu"
-    fit_to_world(cfg, world)
-    use_cpu_collectives(cfg)
-    problems = validate(cfg, Cluster(num_nodes=1, gpus_per_node=world, gpu="cpu"))
+    problems = validate(resolve_shrunk(name, world, []), cpu_cluster(world))
     return [f"{p.field}: {p.message}" for p in problems]
 
 
-@pytest.mark.parametrize("name", sorted(all_recipes()))
-def test_shrunk_recipe_trains_on_cpu(name: str, tmp_path: Path) -> None:
-    recipe = all_recipes()[name]
-    world = min(MAX_PROCESSES, recipe.cluster.world_size)
-    blockers = cpu_blockers(name, world)
-    if blockers:
-        print(f"{name}: skipped on the CPU: {blockers}")
-        pytest.skip(f"CPU mode cannot run it: {'; '.join(b.split(':')[0] for b in blockers)}")
-    overrides = []
-    if recipe.config().data.kind == "energon":
+def data_overrides(name: str, folder: Path) -> list[str]:
+    """Synthetic data in `folder` for the recipes that read files (Energon images, SFT JSONL)."""
+    kind = all_recipes()[name].config().data.kind
+    if kind == "energon":
         from data.synthetic_vlm import make_synthetic_vlm
 
-        data = tmp_path / "vlm"
-        make_synthetic_vlm(data, samples=32)
-        overrides += [f"data.path={data}", f"data.tokenizer={data / 'tokenizer.json'}"]
-    if recipe.config().data.kind == "sft":  # arithmetic Q&A; a shrunk model has no weights to load
+        make_synthetic_vlm(folder, samples=32)
+        return [f"data.path={folder}", f"data.tokenizer={folder / 'tokenizer.json'}"]
+    if kind == "sft":  # arithmetic Q&A; a shrunk model has no weights to load
         from data.synthetic_sft import make_synthetic_sft
 
-        jsonl = make_synthetic_sft(tmp_path / "sft", samples=200)
-        overrides += [f"data.path={jsonl}", f"data.tokenizer={jsonl.parent / 'tokenizer.json'}"]
-        overrides += ["checkpoint.pretrained_dir=None"]
+        jsonl = make_synthetic_sft(folder, samples=200)
+        return [
+            f"data.path={jsonl}",
+            f"data.tokenizer={jsonl.parent / 'tokenizer.json'}",
+            "checkpoint.pretrained_dir=None",
+        ]
+    return []
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@dataclass
+class Outcome:
+    """One recipe's result from a grouped launch: its part of the log, and why it failed, if it did."""
+
+    run_dir: Path
+    log: str
+    error: str | None = None
+
+    def excerpt(self, limit: int = 6000) -> str:
+        """The first rank's traceback when the runner caught one (torchrun's summary follows it
+        and says little), else the end of the log."""
+        start = self.log.find(f"{MARK} failed")
+        return self.log[start : start + limit] if start >= 0 else self.log[-limit:]
+
+
+class GroupedRuns:
+    """The selected recipes (but CLI_RECIPE), launched once per world size on first use."""
+
+    def __init__(self, root: Path, selected: set[str]) -> None:
+        self.root, self.selected = root, selected
+        self.outcomes: dict[str, Outcome] = {}
+        self.launches = 0
+
+    def outcome(self, name: str) -> Outcome:
+        if name not in self.outcomes:
+            self._run_group(world_for(name), must_include=name)
+        return self.outcomes[name]
+
+    def _run_group(self, world: int, must_include: str) -> None:
+        names = sorted(
+            n
+            for n in self.selected | {must_include}
+            if n != CLI_RECIPE
+            and n not in self.outcomes
+            and world_for(n) == world
+            and not cpu_blockers(n, world)
+        )
+        configs = {name: self._write_config(name, world) for name in names}
+        pending = names
+        while pending:
+            self.outcomes |= self._launch(world, pending, configs)
+            pending = [n for n in pending if n not in self.outcomes]
+
+    def _write_config(self, name: str, world: int) -> Path:
+        """The resolved YAML `recipes run` would write to <run dir>/config.yaml, checked as it checks."""
+        folder = self.root / f"w{world}" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        overrides = [f"logging.run_dir={folder / 'run'}", *data_overrides(name, folder / "data")]
+        cfg = resolve_shrunk(name, world, overrides)
+        check_inputs(cfg, Profile(executor="local"), REPO)
+        path = self.root / f"w{world}" / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        return path
+
+    def _env(self, configs: list[Path]) -> dict[str, str]:
+        """The test environment plus what the local executor adds for each config (the same
+        CPU defaults for all: torchrun's log level, CUDA_DEVICE_MAX_CONNECTIONS for TP).
+        Unbuffered, so that each rank's lines land between their recipe's start and done."""
+        env = _env(self.root) | {"PYTHONUNBUFFERED": "1"}
+        for path in configs:
+            cfg = resolve_from(path)
+            env |= process_env(plan_env(cfg, {}, {}, env), env)
+        return env
+
+    def _launch(self, world: int, names: list[str], configs: dict[str, Path]) -> dict[str, Outcome]:
+        """One torchrun launch of run_many over `names`; the outcomes of those it got to."""
+        self.launches += 1
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc-per-node", str(world), "-m", "tests.smoke.run_many"]
+        for name in names:
+            cmd += ["--config", str(configs[name])]
+        limit = SECONDS_PER_RECIPE * len(names)
+        # Its own session, so that a timeout can stop torchrun and every rank together.
+        with subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=self._env([configs[n] for n in names]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        ) as proc:
+            try:
+                output, _ = proc.communicate(timeout=limit)
+                ended = f"exit {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+                ended = f"timed out after {limit} s"
+        log_path = self.root / f"launch-{self.launches}-w{world}.log"
+        log_path.write_text(output, encoding="utf-8")
+        return split_outcomes(
+            output,
+            names,
+            {n: self.root / f"w{world}" / n / "run" for n in names},
+            failed=proc.returncode != 0,
+            ended=f"{ended}, whole log {log_path}",
+        )
+
+
+def resolve_from(path: Path) -> TrainingConfig:
+    from training.entry import load_config  # torch-free: config.tree and yaml only
+
+    return load_config(str(path), [])
+
+
+def split_outcomes(
+    output: str, names: list[str], run_dirs: dict[str, Path], failed: bool, ended: str
+) -> dict[str, Outcome]:
+    """Cut a launch's output at run_many's start/done lines: finished recipes, and the one it
+    stopped in. A launch that stopped outside any recipe fails all it had not finished."""
+    marker = re.compile(rf"{MARK} (start|done) (\S+)")
+    outcomes: dict[str, Outcome] = {}
+    current: str | None = None
+    lines: dict[str | None, list[str]] = {None: []}
+    for line in output.splitlines():
+        match = marker.fullmatch(line)
+        if match and match.group(1) == "start":
+            current = match.group(2)
+            lines[current] = []
+        elif match:
+            done = match.group(2)
+            outcomes[done] = Outcome(run_dirs[done], "\n".join(lines.get(done, [])))
+            current = None
+        else:
+            lines[current].append(line)
+    if current is not None:
+        error = f"the launch ended in it ({ended})"
+        outcomes[current] = Outcome(run_dirs[current], "\n".join(lines[current]), error)
+    elif failed or len(outcomes) < len(names):
+        log = "\n".join(lines[None])
+        unfinished = [name for name in names if name not in outcomes]
+        for name in unfinished:
+            error = f"the launch ended outside any recipe ({ended})"
+            outcomes[name] = Outcome(run_dirs[name], log, error)
+        if not unfinished:  # every recipe finished, then the runner failed: say so on the last
+            error = f"the launch failed after it, outside any recipe ({ended})"
+            outcomes[names[-1]] = Outcome(run_dirs[names[-1]], log, error)
+    return outcomes
+
+
+@pytest.fixture(scope="session")
+def grouped_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> GroupedRuns:
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == TEST and hasattr(item, "callspec")
+    }
+    return GroupedRuns(tmp_path_factory.mktemp("catalog"), selected)
+
+
+def run_user_command(name: str, world: int, tmp_path: Path) -> Path:
+    """`recipes run NAME --shrink --executor local --device cpu --gpus-per-node W`; its run dir."""
+    run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "recipes", "run", name, "--shrink", "--executor", "local"]
-    cmd += [
-        "--device",
-        "cpu",
-        "--gpus-per-node",
-        str(world),
-        f"logging.run_dir={tmp_path / 'run'}",
-        *overrides,
-    ]
+    overrides = [f"logging.run_dir={run_dir}", *data_overrides(name, tmp_path / "data")]
+    cmd += ["--device", "cpu", "--gpus-per-node", str(world), *overrides]
     env = os.environ | {"OMP_NUM_THREADS": "1", "NEMORUN_HOME": str(tmp_path / "nemo_run")}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"run directory: (.+)", last)
     assert match, f"last line was {last!r}"
-    records = [
-        json.loads(line)
-        for line in (Path(match.group(1)) / "metrics.jsonl").read_text().splitlines()
-    ]
+    assert Path(match.group(1)) == run_dir
+    # The grouped recipes train what resolve_shrunk builds: it must be what the command runs.
+    written = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    assert written == to_dict(resolve_shrunk(name, world, overrides))
+    return run_dir
+
+
+@pytest.mark.timeout(SECONDS_PER_RECIPE * len(all_recipes()))  # the first case runs its group
+@pytest.mark.parametrize("name", sorted(all_recipes()))
+def test_shrunk_recipe_trains_on_cpu(name: str, grouped_runs: GroupedRuns, tmp_path: Path) -> None:
+    world = world_for(name)
+    blockers = cpu_blockers(name, world)
+    if blockers:
+        print(f"{name}: skipped on the CPU: {blockers}")
+        pytest.skip(f"CPU mode cannot run it: {'; '.join(b.split(':')[0] for b in blockers)}")
+    if name == CLI_RECIPE:
+        run_dir = run_user_command(name, world, tmp_path)
+    else:
+        outcome = grouped_runs.outcome(name)
+        assert outcome.error is None, f"{name}: {outcome.error}\n{outcome.excerpt()}"
+        run_dir = outcome.run_dir
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in records)
