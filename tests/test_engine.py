@@ -229,3 +229,17 @@ def test_a_new_data_kind_needs_its_module_and_one_registry_entry(
     pretrain(cfg)  # and the engine trains on it
     trained = losses(tmp_path)
     assert len(trained) == 6 and trained[-1] < trained[0] - 1.0  # 7 ids, one sequence: learnt
+
+
+def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path) -> None:
+    """A 1-layer MoE, then a 3-layer one, through `pretrain` in one process (as run_many does):
+    Megatron-Core's per-layer loss trackers must not keep the first model's size."""
+    from training.entry import pretrain
+
+    for layers in (1, 3):
+        cfg = tiny(tmp_path / f"moe{layers}", max_steps=2)
+        cfg.model.num_layers = layers
+        cfg.model.num_moe_experts, cfg.model.moe_router_topk = 4, 2
+        cfg.model.moe_token_dispatcher_type = "allgather"  # the dispatcher the CPU runs
+        pretrain(cfg)
+        assert len(losses(tmp_path / f"moe{layers}")) == 2

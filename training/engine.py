@@ -238,6 +238,15 @@ class Trainer:
         self.logger.on_step(self.step, metrics)  # writes on global rank 0 only
 
     def close(self) -> None:
-        """Close the logs and take down the model-parallel groups this trainer set up."""
+        """Close the logs and leave Megatron-Core's process state as a new process has it: no
+        model-parallel groups, and none of the per-layer metric trackers (MoE load-balancing and
+        MTP losses) that its layers record into. Megatron-LM reports and zeroes those each step;
+        this engine does not read them, and a tracker sized by this model's layers would make the
+        next model in the same process (tests/smoke/run_many.py) index past its end."""
+        from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
         self.logger.close()
+        destroy_moe_metrics_tracker()
+        MTPLossLoggingHelper.tracker.clear()
         distributed.destroy(process_group=False)

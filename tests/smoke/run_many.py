@@ -8,8 +8,8 @@ Megatron-Core imports and the gloo rendezvous once for the whole list instead of
 The default process group is created here; `training.entry.pretrain` leaves a group it did not
 create alone and tears down only Megatron-Core's model-parallel groups, so each config builds its
 own layout on the same group. Each config trains as `python -m training.entry --config PATH` would
-train it, into its own logging.run_dir, after `_fresh_metric_trackers` has put back the one piece
-of Megatron-Core state that a run leaves behind and the next one trips over.
+train it, into its own logging.run_dir; the engine's `Trainer.close` leaves no Megatron-Core
+state behind that the next config could trip over.
 
 Rank 0 prints `run_many: start NAME` and `run_many: done NAME` (NAME: the YAML file's stem), so the
 caller can tell which config a failure belongs to. The first failure ends the launch with exit 1:
@@ -34,23 +34,6 @@ def _say(rank: int, text: str) -> None:
         sys.stdout.flush()
 
 
-def _fresh_metric_trackers() -> None:
-    """Megatron-Core's per-layer metric trackers, as a new process has them: none.
-
-    They are process globals, each tensor sized by the first model that records into it (MoE
-    load-balancing losses: moe_logging's MoEMetricsTracker; MTP losses: MTPLossLoggingHelper).
-    Megatron-LM's training loop reports and zeroes them every step; this engine never reads them,
-    so they outlive a run, and a later model with more layers indexes past their end (seen:
-    mixtral_8x7b_pretrain's 64 layers in the process that ran qwen3_30b_a3b_pretrain's 2 fail with
-    IndexError in MoEMetricsTracker.record). training.entry.pretrain leaves them as they are.
-    """
-    from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    destroy_moe_metrics_tracker()
-    MTPLossLoggingHelper.tracker.clear()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.smoke.run_many", description=__doc__)
     parser.add_argument("--config", action="append", required=True, help="a resolved config YAML")
@@ -68,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         name = Path(path).stem
         _say(launch.rank, f"start {name}")
         try:
-            _fresh_metric_trackers()
             pretrain(load_config(path, []))
             dist.barrier()  # "done" means done on every rank, not only on rank 0
         except BaseException:

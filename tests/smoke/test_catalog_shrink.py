@@ -40,7 +40,7 @@ import yaml
 from config.hardware import Cluster
 from config.rules import validate
 from config.schema import TrainingConfig
-from config.tree import apply_overrides, to_dict
+from config.tree import apply_overrides, to_dict, write_yaml
 from launchers.env import plan_env
 from launchers.inputs import check_inputs
 from launchers.local import process_env
@@ -160,7 +160,7 @@ class GroupedRuns:
         cfg = resolve_shrunk(name, world, overrides)
         check_inputs(cfg, Profile(executor="local"), REPO)
         path = self.root / f"w{world}" / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        write_yaml(cfg, path)
         return path
 
     def _env(self, configs: list[Path]) -> dict[str, str]:
