@@ -10,7 +10,7 @@ import pytest
 
 run = pytest.importorskip("nemo_run")
 
-from nemo_run.cli.cli_parser import parse_cli_args  # noqa: E402
+from nemo_run.cli.cli_parser import ParseError, parse_cli_args  # noqa: E402
 
 from config.tree import apply_overrides  # noqa: E402
 from recipes.nemo import from_partial, partial, register_factories  # noqa: E402
@@ -53,3 +53,18 @@ def test_nemo_run_cli_factory_and_dotlist_agree_with_ours() -> None:
     task = parse_cli_args(pretrain, args, output_type=run.Partial)
     expected = apply_overrides(get("llama3_70b_pretrain").config(), OVERRIDES)
     assert from_partial(task) == expected
+
+
+def test_nemo_run_refuses_a_value_outside_a_literal_as_we_do() -> None:
+    """The schema's Literal fields are checked by NeMo-Run's own parser too (not only by ours)."""
+    from config.tree import ConfigError
+
+    task = partial("tiny_gpt_pretrain")
+    ok = parse_cli_args(pretrain, ["config.scheduler.decay_style=linear"], task)
+    assert from_partial(ok).scheduler.decay_style == "linear"
+    with pytest.raises(ParseError, match="cosin"):
+        parse_cli_args(
+            pretrain, ["config.scheduler.decay_style=cosin"], partial("tiny_gpt_pretrain")
+        )
+    with pytest.raises(ConfigError, match="Did you mean 'cosine'"):
+        apply_overrides(get("tiny_gpt_pretrain").config(), ["scheduler.decay_style=cosin"])
