@@ -16,6 +16,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from config.registry import data_kind
+
 if TYPE_CHECKING:
     from config.schema import TrainingConfig
 
@@ -170,10 +172,12 @@ def null_tokenizer(vocab_size: int) -> Any:
 
 
 def build_tokenizer(cfg: TrainingConfig) -> Any:
-    """The tokenizer a run uses: data.tokenizer when set, else a null one (mock data only)."""
+    """The tokenizer a run uses: data.tokenizer when set, else a null one (for a data kind that
+    needs none, config/registry.py: mock data)."""
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
-    if cfg.data.kind != "mock":
+    kind = data_kind(cfg)
+    if kind is None or kind.needs_tokenizer:
         raise ValueError(
             f"data.tokenizer is unset but data.kind={cfg.data.kind!r} needs the tokenizer that made "
             "the data; set data.tokenizer=/path/to/tokenizer.json (or an HF tokenizer folder)"
