@@ -1,16 +1,26 @@
-"""Launch real multi-process training runs on the CPU: torchrun + `python -m training.entry`."""
+"""Launch real multi-process training runs: BASE, a tiny GPT, with overrides under torchrun.
+
+`Runs` (fixture `runs`) trains a named variant once and hands its metrics.jsonl records to every
+test that asks. The CPU engine tests (test_engine_cpu.py) plan their variants up front, so that all
+of one process count train in one torchrun launch of tests/smoke/run_many.py (on two cores each
+launch's start-up, Python + torch + Megatron-Core on every rank, costs as much as a run); the GPU
+tests (tests/gpu) train each variant alone, as `-m training.entry`.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from config.schema import TrainingConfig
+from config.tree import apply_overrides, from_dict, write_yaml
+from tests.smoke.run_many import Outcome, launch_many, read_metrics, run_dir_of, run_logged
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,55 +55,76 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def resolved_config(root: Path, recipe: str) -> Path:
     """A catalog recipe resolved into root/<recipe>.yaml, as `recipes run` writes it for the ranks."""
-    from config.tree import write_yaml
     from recipes.registry import resolve
 
     _, cfg = resolve(recipe, [])
     return write_yaml(cfg, root / f"{recipe}.yaml")
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A run of `Runs.plan`: how many processes, and its overrides of BASE."""
+
+    nproc: int
+    overrides: tuple[str, ...] = ()
+
+
 class Runs:
-    """Runs a config under torchrun once per name and returns its metrics.jsonl records."""
+    """BASE with overrides, trained under torchrun once per name; `metrics` returns its records.
+
+    Planned runs (`plan`, the CPU engine tests) train in groups: the first one asked for trains,
+    in one launch of tests/smoke/run_many.py, with every other planned run of its process count
+    not trained yet. Any other name (the GPU tests) trains alone, `-m training.entry` on the
+    device its overrides name.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.cache: dict[str, list[dict[str, Any]]] = {}
+        self.planned: dict[str, Planned] = {}
+        self.outcomes: dict[str, Outcome] = {}
 
-    def write_config(self, name: str) -> Path:
+    def write_config(self, name: str, overrides: Sequence[str] = ()) -> Path:
+        """root/<name>.yaml: BASE with the overrides applied, run dir root/<name>/run."""
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
-        config = {**BASE, "logging": {"run_dir": str(folder / "run")}}
-        path = folder / "config.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        return path
+        config = from_dict(TrainingConfig, {**BASE, "logging": {"run_dir": str(folder / "run")}})
+        return write_yaml(apply_overrides(config, list(overrides)), self.root / f"{name}.yaml")
 
-    def launch(self, name: str, nproc: int, overrides: list[str]) -> subprocess.CompletedProcess:
-        config = self.write_config(name)
+    def plan(self, planned: dict[str, Planned]) -> None:
+        self.planned |= planned
+
+    def metrics(
+        self, name: str, nproc: int | None = None, overrides: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
+        """The records of `name`: a planned run (then nothing else is given), or one that trains
+        alone on `nproc` processes with `overrides`."""
+        if name not in self.outcomes:
+            if name in self.planned:
+                assert nproc is None and not overrides, f"{name} is planned: ask by name only"
+                self._train_planned(self.planned[name].nproc)
+            else:
+                assert nproc is not None, f"{name} is not planned: give nproc"
+                self.outcomes[name] = self._train_alone(name, nproc, overrides)
+        outcome = self.outcomes[name]
+        if outcome.error is not None:
+            pytest.fail(outcome.failure(name))
+        return read_metrics(outcome.run_dir)
+
+    def _train_planned(self, nproc: int) -> None:
+        names = [n for n, p in self.planned.items() if p.nproc == nproc and n not in self.outcomes]
+        configs = [self.write_config(n, self.planned[n].overrides) for n in names]
+        self.outcomes |= launch_many(configs, nproc, _env(self.root), self.root / "launches")
+
+    def _train_alone(self, name: str, nproc: int, overrides: Sequence[str]) -> Outcome:
+        config = self.write_config(name, overrides)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += ["--nproc-per-node", str(nproc), "-m", "training.entry", "--config", str(config)]
-        return subprocess.run(
-            cmd + overrides,
-            cwd=REPO,
-            env=_env(self.root),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    def metrics(self, name: str, nproc: int, overrides: list[str]) -> list[dict[str, Any]]:
-        if name not in self.cache:
-            proc = self.launch(name, nproc, overrides)
-            log = self.root / name / "torchrun.log"
-            log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr, encoding="utf-8")
-            if proc.returncode != 0:
-                errors = [line for line in proc.stderr.splitlines() if "Error" in line]
-                pytest.fail(
-                    f"{name} failed (exit {proc.returncode}), log {log}:\n"
-                    + "\n".join(errors[-20:])
-                )
-            path = self.root / name / "run" / "metrics.jsonl"
-            self.cache[name] = [json.loads(line) for line in path.read_text().splitlines()]
-        return self.cache[name]
+        log = self.root / name / "torchrun.log"
+        returncode, ended = run_logged(cmd, _env(self.root), log, timeout=600)
+        error = None if returncode == 0 else f"{ended}, log {log}"
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        errors = [line for line in lines if "Error" in line]
+        return Outcome(run_dir_of(config), "\n".join(errors[-20:]), error)
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ Grouped, because on a small machine process start-up costs more than 3 steps of 
   command wrote must be the one `resolve_shrunk` builds here: that keeps the grouped path honest.
 - Every other recipe is resolved here, in the pytest process, as recipes/launch.py `run_command`
   resolves it, into a YAML file. The recipes of one world size then train one after another in a
-  single torchrun launch of tests/smoke/run_many.py: one gloo group, and each run builds and tears
-  down its own Megatron-Core groups, into its own logging.run_dir.
+  single torchrun launch of tests/smoke/run_many.py (its `launch_many`): one gloo group, and each
+  run builds and tears down its own Megatron-Core groups, into its own logging.run_dir.
 
 The launches run once per session (only for the recipes selected), and the test stays one case per
 recipe, asserting on that recipe's own metrics.jsonl. A recipe that raises ends its launch: it
@@ -23,16 +23,12 @@ fails alone, with its part of the log, and the recipes after it go on in a new l
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -48,7 +44,7 @@ from launchers.profile import Profile
 from recipes.registry import all_recipes
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
 from tests.smoke.conftest import _env
-from tests.smoke.run_many import MARK
+from tests.smoke.run_many import Outcome, launch_many, read_metrics
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]
@@ -104,33 +100,12 @@ def data_overrides(name: str, folder: Path) -> list[str]:
     return []
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
-
-
-@dataclass
-class Outcome:
-    """One recipe's result from a grouped launch: its part of the log, and why it failed, if it did."""
-
-    run_dir: Path
-    log: str
-    error: str | None = None
-
-    def excerpt(self, limit: int = 6000) -> str:
-        """The first rank's traceback when the runner caught one (torchrun's summary follows it
-        and says little), else the end of the log."""
-        start = self.log.find(f"{MARK} failed")
-        return self.log[start : start + limit] if start >= 0 else self.log[-limit:]
-
-
 class GroupedRuns:
     """The selected recipes (but CLI_RECIPE), launched once per world size on first use."""
 
     def __init__(self, root: Path, selected: set[str]) -> None:
         self.root, self.selected = root, selected
         self.outcomes: dict[str, Outcome] = {}
-        self.launches = 0
 
     def outcome(self, name: str) -> Outcome:
         if name not in self.outcomes:
@@ -146,11 +121,10 @@ class GroupedRuns:
             and world_for(n) == world
             and not cpu_blockers(n, world)
         )
-        configs = {name: self._write_config(name, world) for name in names}
-        pending = names
-        while pending:
-            self.outcomes |= self._launch(world, pending, configs)
-            pending = [n for n in pending if n not in self.outcomes]
+        configs = [self._write_config(name, world) for name in names]
+        self.outcomes |= launch_many(
+            configs, world, self._env(configs), self.root, SECONDS_PER_RECIPE
+        )
 
     def _write_config(self, name: str, world: int) -> Path:
         """The resolved YAML `recipes run` would write to <run dir>/config.yaml, checked as it checks."""
@@ -165,89 +139,18 @@ class GroupedRuns:
 
     def _env(self, configs: list[Path]) -> dict[str, str]:
         """The test environment plus what the local executor adds for each config (the same
-        CPU defaults for all: torchrun's log level, CUDA_DEVICE_MAX_CONNECTIONS for TP).
-        Unbuffered, so that each rank's lines land between their recipe's start and done."""
-        env = _env(self.root) | {"PYTHONUNBUFFERED": "1"}
+        CPU defaults for all: torchrun's log level, CUDA_DEVICE_MAX_CONNECTIONS for TP)."""
+        env = _env(self.root)
         for path in configs:
             cfg = resolve_from(path)
             env |= process_env(plan_env(cfg, {}, {}, env), env)
         return env
-
-    def _launch(self, world: int, names: list[str], configs: dict[str, Path]) -> dict[str, Outcome]:
-        """One torchrun launch of run_many over `names`; the outcomes of those it got to."""
-        self.launches += 1
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd += ["--nproc-per-node", str(world), "-m", "tests.smoke.run_many"]
-        for name in names:
-            cmd += ["--config", str(configs[name])]
-        limit = SECONDS_PER_RECIPE * len(names)
-        # Its own session, so that a timeout can stop torchrun and every rank together.
-        with subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=self._env([configs[n] for n in names]),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        ) as proc:
-            try:
-                output, _ = proc.communicate(timeout=limit)
-                ended = f"exit {proc.returncode}"
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                output, _ = proc.communicate()
-                ended = f"timed out after {limit} s"
-        log_path = self.root / f"launch-{self.launches}-w{world}.log"
-        log_path.write_text(output, encoding="utf-8")
-        return split_outcomes(
-            output,
-            names,
-            {n: self.root / f"w{world}" / n / "run" for n in names},
-            failed=proc.returncode != 0,
-            ended=f"{ended}, whole log {log_path}",
-        )
 
 
 def resolve_from(path: Path) -> TrainingConfig:
     from training.entry import load_config  # torch-free: config.tree and yaml only
 
     return load_config(str(path), [])
-
-
-def split_outcomes(
-    output: str, names: list[str], run_dirs: dict[str, Path], failed: bool, ended: str
-) -> dict[str, Outcome]:
-    """Cut a launch's output at run_many's start/done lines: finished recipes, and the one it
-    stopped in. A launch that stopped outside any recipe fails all it had not finished."""
-    marker = re.compile(rf"{MARK} (start|done) (\S+)")
-    outcomes: dict[str, Outcome] = {}
-    current: str | None = None
-    lines: dict[str | None, list[str]] = {None: []}
-    for line in output.splitlines():
-        match = marker.fullmatch(line)
-        if match and match.group(1) == "start":
-            current = match.group(2)
-            lines[current] = []
-        elif match:
-            done = match.group(2)
-            outcomes[done] = Outcome(run_dirs[done], "\n".join(lines.get(done, [])))
-            current = None
-        else:
-            lines[current].append(line)
-    if current is not None:
-        error = f"the launch ended in it ({ended})"
-        outcomes[current] = Outcome(run_dirs[current], "\n".join(lines[current]), error)
-    elif failed or len(outcomes) < len(names):
-        log = "\n".join(lines[None])
-        unfinished = [name for name in names if name not in outcomes]
-        for name in unfinished:
-            error = f"the launch ended outside any recipe ({ended})"
-            outcomes[name] = Outcome(run_dirs[name], log, error)
-        if not unfinished:  # every recipe finished, then the runner failed: say so on the last
-            error = f"the launch failed after it, outside any recipe ({ended})"
-            outcomes[names[-1]] = Outcome(run_dirs[names[-1]], log, error)
-    return outcomes
 
 
 @pytest.fixture(scope="session")
@@ -293,7 +196,7 @@ def test_shrunk_recipe_trains_on_cpu(name: str, grouped_runs: GroupedRuns, tmp_p
         run_dir = run_user_command(name, world, tmp_path)
     else:
         outcome = grouped_runs.outcome(name)
-        assert outcome.error is None, f"{name}: {outcome.error}\n{outcome.excerpt()}"
+        assert outcome.error is None, outcome.failure(name)
         run_dir = outcome.run_dir
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3]

@@ -1,7 +1,13 @@
 """Checkpoints and resume, end to end: real 2-process torchrun jobs of a tiny GPT on the CPU.
 
 - Exact resume: 20 steps in one job == 10 steps, stop, resume, 10 steps, float for float (loss,
-  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2 and PP=2.
+  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2 and PP=2. The three
+  layouts' jobs are grouped (fixture `chains`): on two cores a launch's start-up costs as much as
+  its training, so each phase of the three chains is one torchrun launch of
+  tests/smoke/run_many.py training the three layouts' configs one after another (3 launches,
+  not 9): the straight references, then the first halves, stopped by SIGUSR1 after step 10
+  (run_many applies signal_at_step.py's patch to each), then the resumes. Each config keeps its
+  own run and checkpoint directory, and each layout is its own test case on its own chain.
 - A job chain as Slurm runs it: job 1 gets SIGUSR1 (one rank only), saves and exits 0; job 2 is
   SIGKILLed while its final checkpoint is being written; job 3 resumes from job 1's checkpoint, never
   from the half-written one, and repeats job 2's losses exactly.
@@ -10,18 +16,19 @@
 - train.exit_duration_minutes saves before it exits; the GPU's asynchronous save path, run on the
   CPU, publishes complete checkpoints that resume exactly.
 
-Each job is `torchrun --standalone --nproc-per-node 2` with OMP_NUM_THREADS=1; signal_at_step.py
-and async_save_on_cpu.py are test wrappers around `training.entry`.
+The other tests kill processes or use another entry point, so each of their jobs is its own
+`torchrun --standalone --nproc-per-node 2` with OMP_NUM_THREADS=1; signal_at_step.py and
+async_save_on_cpu.py are test wrappers around `training.entry`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,9 @@ import psutil
 import pytest
 import yaml
 
+from tests.smoke.conftest import _env
+from tests.smoke.run_many import Outcome, launch_many, read_metrics
+from tests.smoke.signal_at_step import ENV as SIGNAL_AT_STEP_ENV
 from training import checkpoint_dirs as dirs
 
 pytestmark = pytest.mark.smoke
@@ -76,6 +86,14 @@ class Job:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.logs: list[str] = []
 
+    def env(self, stop_at: int | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The test environment (caches in tmp, OMP_NUM_THREADS=1), plus `env`; with `stop_at`,
+        the variable that makes the last rank signal itself after that step."""
+        full_env = _env(self.tmp) | (env or {})
+        if stop_at is not None:
+            full_env[SIGNAL_AT_STEP_ENV] = str(stop_at)
+        return full_env
+
     def start(
         self,
         stop_at: int | None = None,
@@ -83,12 +101,8 @@ class Job:
         script: Path | None = None,
     ) -> subprocess.Popen:
         """Starts the job: `-m training.entry`, or a test wrapper `script` around it."""
-        full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
-        for var in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR"):
-            full_env[var] = str(self.tmp / var.lower())
         if stop_at is not None:
             script = STOP_ENTRY
-            full_env["RECIPES_TEST_SIGNAL_AT_STEP"] = str(stop_at)
         entry = [str(script)] if script else ["-m", "training.entry"]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         log = self.tmp / f"{self.run_dir.name}.{len(self.logs)}.log"
@@ -97,7 +111,7 @@ class Job:
             return subprocess.Popen(
                 [*cmd, "--nproc-per-node", "2", *entry, "--config", str(self.config)],
                 cwd=REPO,
-                env=full_env,
+                env=self.env(stop_at, env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -121,10 +135,7 @@ class Job:
         return Path(self.logs[-1]).read_text(encoding="utf-8", errors="replace")
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.run_dir)
 
     def latest_step(self) -> int | None:
         latest = dirs.latest_checkpoint(self.ckpt_dir)
@@ -164,24 +175,64 @@ def workers(proc: subprocess.Popen) -> list[psutil.Process]:
     ]
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        {},  # DP=2 with the distributed optimizer (dp_reshardable)
-        {"parallel.tensor_model_parallel_size": 2},
-        {"parallel.pipeline_model_parallel_size": 2},
-    ],
-    ids=["dp2", "tp2", "pp2"],
-)
-def test_resume_is_exact(tmp_path: Path, layout: dict[str, Any]) -> None:
-    reference = Job(tmp_path, "straight", layout)
-    reference.run()
-    chained = Job(tmp_path, "chained", layout)
-    first = chained.run(stop_at=10)
-    assert "exit signal: saving at step 10" in first
-    assert chained.latest_step() == 10 and len(chained.metrics()) == 10
-    second = chained.run()
-    assert f"resumed from {chained.ckpt_dir / 'iter_0000010'} at step 10" in second
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "dp2": {},  # DP=2 with the distributed optimizer (dp_reshardable)
+    "tp2": {"parallel.tensor_model_parallel_size": 2},
+    "pp2": {"parallel.pipeline_model_parallel_size": 2},
+}
+STOP_AT = 10
+
+
+def run_together(jobs: list[Job], stop_at: int | None = None) -> list[Outcome]:
+    """The jobs' configs trained one after another in one 2-process launch of run_many (more if
+    one fails: those after it go on in another); their outcomes, in order."""
+    env = jobs[0].env(stop_at)
+    outcomes = launch_many([job.config for job in jobs], 2, env, jobs[0].tmp / "launches")
+    return [outcomes[job.config.stem] for job in jobs]
+
+
+@dataclass
+class Chain:
+    """One layout's exact-resume chain: a straight 20-step reference, and a job stopped after step
+    STOP_AT then resumed to 20; what each launch said of it, and what the first half left."""
+
+    reference: Job
+    chained: Job
+    straight: Outcome
+    first: Outcome
+    after_first: tuple[int | None, int]  # the latest checkpoint's step, metrics records
+    second: Outcome
+
+    def check(self, outcome: Outcome, what: str) -> Outcome:
+        assert outcome.error is None, outcome.failure(f"{self.chained.run_dir.name}, {what}")
+        return outcome
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Chain]:
+    """The three layouts' chains: each phase one launch for all three."""
+    tmp = tmp_path_factory.mktemp("resume")
+    references = [Job(tmp, f"straight_{name}", layout) for name, layout in LAYOUTS.items()]
+    chained = [Job(tmp, f"chained_{name}", layout) for name, layout in LAYOUTS.items()]
+    straight = run_together(references)
+    first = run_together(chained, stop_at=STOP_AT)
+    after_first = [(job.latest_step(), len(job.metrics())) for job in chained]
+    second = run_together(chained)
+    parts = zip(references, chained, straight, first, after_first, second, strict=True)
+    return {name: Chain(*chain) for name, chain in zip(LAYOUTS, parts, strict=True)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_resume_is_exact(chains: dict[str, Chain], layout: str) -> None:
+    chain = chains[layout]
+    reference, chained = chain.reference, chain.chained
+    chain.check(chain.straight, "the straight run")
+    first = chain.check(chain.first, f"stopped at step {STOP_AT}")
+    assert f"exit signal: saving at step {STOP_AT}" in first.log
+    assert chain.after_first == (STOP_AT, STOP_AT)  # latest checkpoint's step, metrics records
+    second = chain.check(chain.second, "the resume")
+    resumed = f"resumed from {chained.ckpt_dir / dirs.iter_name(STOP_AT)} at step {STOP_AT}"
+    assert resumed in second.log
     assert len(reference.metrics()) == 20
     assert trace(chained.metrics()) == trace(reference.metrics())  # exact floats
 

@@ -1,7 +1,13 @@
 """The engine trains a tiny GPT on Megatron-Core over gloo: DP, TP, PP, interleaved PP and EP.
 
-Each test launches `torchrun --standalone -m training.entry` (2 or 4 processes on the CPU) for 20
-steps and reads <run_dir>/metrics.jsonl.
+Each run (PLANNED: conftest.BASE with a layout's overrides) trains 20 steps on 2 or 4 CPU
+processes, and the tests read its <run_dir>/metrics.jsonl. The runs are grouped by process count:
+the first test that asks for a run trains it together with every other planned run of its process
+count, one after another in one `torchrun --standalone -m tests.smoke.run_many` launch (the five
+2-process runs in one, the 4-process one in another), because on two cores each launch's start-up
+(Python, torch and Megatron-Core on every rank) costs as much as one of these runs. Each run still
+builds and tears down its own Megatron-Core groups, into its own run dir, as
+`-m training.entry` would.
 """
 
 from __future__ import annotations
@@ -11,10 +17,28 @@ import sys
 
 import pytest
 
-from tests.smoke.conftest import REPO, Runs, _env
+from tests.smoke.conftest import REPO, Planned, Runs, _env
 
 pytestmark = pytest.mark.smoke
 
+PP2 = ("parallel.pipeline_model_parallel_size=2",)
+PLANNED = {
+    "dp2": Planned(2),
+    "tp2": Planned(2, ("parallel.tensor_model_parallel_size=2",)),
+    "pp2": Planned(2, PP2),
+    "pp2_eval": Planned(2, (*PP2, "train.eval_interval=5", "train.eval_iters=2")),
+    "moe_ep2": Planned(
+        2,
+        (
+            "model.num_moe_experts=4",
+            "model.moe_router_topk=2",
+            "model.moe_ffn_hidden_size=64",
+            "model.moe_token_dispatcher_type=allgather",
+            "parallel.expert_model_parallel_size=2",
+        ),
+    ),
+    "pp2_vpp2_dp2": Planned(4, (*PP2, "parallel.virtual_pipeline_model_parallel_size=2")),
+}
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu", "mfu"}
 
 
@@ -26,70 +50,57 @@ def assert_learns(records: list[dict]) -> None:
     assert first - last > 0.5, f"loss did not fall: {losses}"
 
 
-def test_data_parallel_with_distributed_optimizer(runs: Runs) -> None:
-    records = runs.metrics("dp2", 2, [])
+@pytest.fixture(scope="module")
+def planned(runs: Runs) -> Runs:
+    """`runs`, with this module's runs planned: asking for one trains its process count's group."""
+    runs.plan(PLANNED)
+    return runs
+
+
+def test_data_parallel_with_distributed_optimizer(planned: Runs) -> None:
+    records = planned.metrics("dp2")
     assert_learns(records)
     assert KEYS <= set(records[0])
     assert records[0]["mfu"] is None  # no peak to measure against on the CPU
     assert records[0]["lr"] == 0.0 and records[2]["lr"] == pytest.approx(3e-3)  # warmup from 0
 
 
-def test_tensor_parallel_matches_data_parallel(runs: Runs) -> None:
+def test_tensor_parallel_matches_data_parallel(planned: Runs) -> None:
     """Same seed, same samples: TP=2 computes the same model as DP=2, split differently."""
-    tp = runs.metrics("tp2", 2, ["parallel.tensor_model_parallel_size=2"])
-    dp = runs.metrics("dp2", 2, [])
+    tp = planned.metrics("tp2")
+    dp = planned.metrics("dp2")
     assert_learns(tp)
     for a, b in zip(tp[:5], dp[:5], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=0.02)
 
 
-def test_pipeline_parallel(runs: Runs) -> None:
-    assert_learns(runs.metrics("pp2", 2, ["parallel.pipeline_model_parallel_size=2"]))
+def test_pipeline_parallel(planned: Runs) -> None:
+    assert_learns(planned.metrics("pp2"))
 
 
-def test_evaluation_logs_val_loss_and_leaves_training_alone(runs: Runs) -> None:
+def test_evaluation_logs_val_loss_and_leaves_training_alone(planned: Runs) -> None:
     """train.eval_interval at PP=2: forward only over the mock stream's validation split."""
-    pp = ["parallel.pipeline_model_parallel_size=2"]
-    records = runs.metrics("pp2_eval", 2, [*pp, "train.eval_interval=5", "train.eval_iters=2"])
+    records = planned.metrics("pp2_eval")
     evaluated = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [5, 10, 15, 20]
     assert evaluated[-1]["val_loss"] < evaluated[0]["val_loss"] - 0.5, evaluated
     # No dropout, no data and no RNG taken from training: the same losses as without evaluation.
-    assert [r["loss"] for r in records] == [r["loss"] for r in runs.metrics("pp2", 2, pp)]
+    assert [r["loss"] for r in records] == [r["loss"] for r in planned.metrics("pp2")]
 
 
-def test_interleaved_pipeline_with_data_parallel(runs: Runs) -> None:
+def test_interleaved_pipeline_with_data_parallel(planned: Runs) -> None:
     """PP=2 x 2 virtual stages x DP=2 (4 processes), interleaved 1F1B schedule."""
-    vpp = runs.metrics(
-        "pp2_vpp2_dp2",
-        4,
-        [
-            "parallel.pipeline_model_parallel_size=2",
-            "parallel.virtual_pipeline_model_parallel_size=2",
-        ],
-    )
+    vpp = planned.metrics("pp2_vpp2_dp2")
     assert_learns(vpp)
     # At initialisation (LR 0 in step 1) the gradient norm of a fresh tiny GPT is the same however
     # it is split; swapped activations and gradients between the two stages (batched P2P at PP=2)
     # once doubled it.
-    pp = runs.metrics("pp2", 2, ["parallel.pipeline_model_parallel_size=2"])
+    pp = planned.metrics("pp2")
     assert vpp[0]["grad_norm"] == pytest.approx(pp[0]["grad_norm"], rel=0.1)
 
 
-def test_mixture_of_experts_with_expert_parallel(runs: Runs) -> None:
-    assert_learns(
-        runs.metrics(
-            "moe_ep2",
-            2,
-            [
-                "model.num_moe_experts=4",
-                "model.moe_router_topk=2",
-                "model.moe_ffn_hidden_size=64",
-                "model.moe_token_dispatcher_type=allgather",
-                "parallel.expert_model_parallel_size=2",
-            ],
-        )
-    )
+def test_mixture_of_experts_with_expert_parallel(planned: Runs) -> None:
+    assert_learns(planned.metrics("moe_ep2"))
 
 
 def test_invalid_config_fails_before_training(runs: Runs) -> None:
