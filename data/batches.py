@@ -32,6 +32,13 @@ def on_device(micro: list[dict[str, torch.Tensor]], device: str) -> list[dict[st
     return [{k: v.cuda(non_blocking=True) for k, v in m.items()} for m in micro]
 
 
+def samples_needed(cfg: TrainingConfig, part: str) -> int:
+    """Global samples a run reads from `part`: every step's for "train", one evaluation's for
+    "valid" (each evaluation reads the same batches again)."""
+    steps = cfg.train.max_steps if part == "train" else cfg.train.eval_iters
+    return steps * cfg.train.global_batch_size
+
+
 class DataParallelSampler:
     """Index lists of one microbatch each: this DP rank's slice of consecutive global samples.
 

@@ -134,11 +134,10 @@ def batches(
     Every rank must call this: Megatron's dataset builder synchronises the ranks while global
     rank 0 writes the index caches.
     """
-    from data.batches import SampledBatches
+    from data.batches import SampledBatches, samples_needed
     from data.tokenizer import build_tokenizer
 
-    steps = cfg.train.max_steps if part == "train" else cfg.train.eval_iters
-    samples = steps * cfg.train.global_batch_size
+    samples = samples_needed(cfg, part)
     sizes = (samples, 0) if part == "train" else (0, samples)
     train, valid, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), *sizes)
     return SampledBatches(cfg, derived, train if part == "train" else valid, dp_rank, device)

@@ -40,7 +40,7 @@ from torch.utils.data import Dataset
 from config.blend import split_weights
 from config.finalize import Derived
 from config.schema import TrainingConfig
-from data.batches import SampledBatches
+from data.batches import SampledBatches, samples_needed
 
 PROMPT_KEYS = ("prompt", "input")
 RESPONSE_KEYS = ("response", "output")
@@ -282,7 +282,5 @@ def batches(
     ("train" or "valid") rows, enough for every step (or evaluation) of the run."""
     from data.tokenizer import build_tokenizer
 
-    steps = cfg.train.max_steps if part == "train" else cfg.train.eval_iters
-    samples = steps * cfg.train.global_batch_size
-    dataset = build_sft_dataset(cfg, build_tokenizer(cfg), samples, part)
+    dataset = build_sft_dataset(cfg, build_tokenizer(cfg), samples_needed(cfg, part), part)
     return SampledBatches(cfg, derived, dataset, dp_rank, device)

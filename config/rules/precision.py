@@ -15,13 +15,14 @@ _FALLBACK = {"nvfp4": "mxfp8", "mxfp8": "blockwise", "blockwise": "tensorwise", 
 
 def closest_runnable(preset: PrecisionPreset, gpu: GpuSpec) -> str:
     """The preset nearest to `preset` that `gpu` runs, in the same parameter dtype."""
+    # The presets of the same dtype, without the alias names.
+    same_dtype = [
+        p for n, p in PRESETS.items() if p.name == n and p.params_dtype == preset.params_dtype
+    ]
     recipe = preset.fp8_recipe
     while recipe is not None:
         recipe = _FALLBACK.get(recipe)
-        match = [
-            p for n, p in PRESETS.items() if p.name == n and p.params_dtype == preset.params_dtype
-        ]
-        for candidate in match:
+        for candidate in same_dtype:
             if candidate.fp8_recipe == recipe and gpu_runs(gpu, candidate):
                 return candidate.name
     return f"{preset.params_dtype}_mixed"
