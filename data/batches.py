@@ -94,6 +94,10 @@ class SampledBatches:
             self.dp_rank,
             self.dp_size,
         )
+        # Its own generator: a DataLoader draws its workers' base seed when it starts, and from
+        # torch's global generator that draw would shift the dropout masks of a resumed run (it
+        # opens its loader after the RNG states are restored, the uninterrupted run before).
+        seeds = torch.Generator().manual_seed(self.consumed_samples)
         return iter(
             DataLoader(
                 self.dataset,
@@ -101,6 +105,7 @@ class SampledBatches:
                 num_workers=self.workers,
                 pin_memory=self.pin_memory,
                 persistent_workers=self.workers > 0,
+                generator=seeds,
             )
         )
 

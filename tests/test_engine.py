@@ -130,12 +130,15 @@ def test_sampler_hands_each_rank_its_slice_from_the_position() -> None:
     assert on_device(micro, "cpu") is micro  # the CPU mode uses batches where they are
 
 
-def test_checkpointer_resumes_exactly(one_rank: None, tmp_path: Path) -> None:
-    """Save at step 2, run to 4; a fresh trainer resumed from step 2 gives the same steps 3-4."""
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_checkpointer_resumes_exactly(one_rank: None, tmp_path: Path, dropout: float) -> None:
+    """Save at step 2, run to 8; a fresh trainer resumed from step 2 gives the same steps 3-8,
+    bitwise, with dropout on too (its random masks continue the saved RNG streams)."""
     from training.checkpoint import Checkpointer
 
     def run(folder: Path, resume: bool) -> list[float]:
-        cfg = tiny(folder, max_steps=4)
+        cfg = tiny(folder, max_steps=8)
+        cfg.model.hidden_dropout = cfg.model.attention_dropout = dropout
         cfg.checkpoint.save_dir, cfg.checkpoint.save_interval = str(tmp_path / "ckpt"), 2
         trainer = trainer_for(cfg)
         ckpt = Checkpointer(
@@ -156,7 +159,7 @@ def test_checkpointer_resumes_exactly(one_rank: None, tmp_path: Path) -> None:
         return losses(folder)
 
     straight = run(tmp_path / "straight", resume=False)
-    (tmp_path / "ckpt" / "iter_0000004").rename(tmp_path / "ckpt" / "ignored")
+    (tmp_path / "ckpt" / "iter_0000008").rename(tmp_path / "ckpt" / "ignored")
     (tmp_path / "ckpt" / "latest").write_text("iter_0000002")
     resumed = run(tmp_path / "resumed", resume=True)
     assert resumed == straight[2:]
