@@ -165,6 +165,28 @@ def test_checkpointer_resumes_exactly(one_rank: None, tmp_path: Path, dropout: f
     assert resumed == straight[2:]
 
 
+def test_a_rerun_after_a_crash_before_any_checkpoint_logs_each_step_once(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """A job that died at step 3 with no checkpoint starts again from 0 in the same run folder:
+    metrics.jsonl and TensorBoard hold each step once, the second job's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for max_steps in (3, 2):  # the second job dies too, earlier
+        cfg = tiny(tmp_path, max_steps=max_steps)
+        cfg.logging.tensorboard = True
+        trainer = trainer_for(cfg)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
+    assert steps == [1, 2]
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2]
+
+
 # --- a data kind added by its own module and one registry entry ----------------------------------
 class RepeatingBatches:
     """The throwaway kind's batch source: one fixed sequence, over and over."""

@@ -166,8 +166,9 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
     def train(self, hooks: Sequence[Hook] = (), stop: StopPolicy | None = None) -> None:
         cfg = self.cfg
-        if self.step:
-            self.logger.resume_from(self.step)  # one metrics.jsonl record per step across restarts
+        # One record per step across restarts: a job that died before its first checkpoint
+        # logged steps that this one trains again, from 0.
+        self.logger.resume_from(self.step)
         tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()

@@ -66,9 +66,7 @@ class MetricsLogger:
             self._wandb_run = self._init_wandb()
         self._file = (self.run_dir / METRICS_FILE).open("a", encoding="utf-8")
         if log.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), flush_secs=30)
+            self._tb = self._tensorboard(purge_step=None)
         # A bar only on a terminal: in Slurm logs its carriage returns make one endless line.
         self._use_bar = log.progress_bar and sys.stderr.isatty()
 
@@ -98,14 +96,25 @@ class MetricsLogger:
             config=asdict(self.cfg),
         )
 
-    def resume_from(self, step: int) -> None:
-        """Forget records past `step`, the checkpoint a resumed run continues from.
+    def _tensorboard(self, purge_step: int | None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
 
-        A job that died after its last checkpoint logged steps that the resumed run trains again;
-        dropping them keeps one record per step in metrics.jsonl, so it reads as one run.
+        return SummaryWriter(
+            log_dir=str(self.run_dir / "tensorboard"), flush_secs=30, purge_step=purge_step
+        )
+
+    def resume_from(self, step: int) -> None:
+        """Forget records past `step`, where this run starts (a checkpoint's step, or 0).
+
+        A job that died after its last checkpoint (or before its first) logged steps that this run
+        trains again; dropping them keeps one record per step in metrics.jsonl, so it reads as one
+        run, and in TensorBoard, whose readers hide the events past `step` of earlier writers.
         """
         if not self.is_writer or self._file is None:
             return
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = self._tensorboard(purge_step=step + 1)
         path = self.run_dir / METRICS_FILE
         self._file.close()
         kept = [
