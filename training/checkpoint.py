@@ -27,7 +27,9 @@ The CPU saves synchronously.
 Leaving before the wall-time limit (training/stop.py): SIGUSR1 or SIGTERM on any rank makes all
 ranks save at the next step boundary and exit 0. With Slurm: `sbatch --signal=USR1@<seconds>`
 (the ranks get it directly; torchrun must ignore it), or `--signal=B:USR1@<seconds>` forwarded by
-the batch script to the ranks; <seconds> must cover a step and a save. Details there.
+the batch script to the ranks; <seconds> must cover a step and a save. Details there. Such a
+signal reaches every process of the job, Megatron-Core's checkpoint helper too:
+training/checkpoint_helpers.py starts that one so that it survives, and the exit save works.
 
 Test-only: RECIPES_TEST_SLOW_SAVE=<seconds> makes rank 0 sleep after a checkpoint is fully written
 and before its rename, so that tests can kill a job inside that window. Never set it otherwise.
@@ -45,6 +47,7 @@ from megatron.core import dist_checkpointing, parallel_state
 
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
+from training import checkpoint_helpers
 from training import checkpoint_state as ckpt_state
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
@@ -173,10 +176,11 @@ class Checkpointer:
         self.close()
 
     def close(self) -> None:
-        """Finish any asynchronous save."""
+        """Finish any asynchronous save; end the writer's helper process."""
         if self._async_queue is not None:
             self._async_queue.close()
             self._async_queue = None
+        checkpoint_helpers.stop()
 
     @property
     def step(self) -> int:
@@ -198,6 +202,7 @@ class Checkpointer:
         states = {name: obj.state_dict() for name, obj in self.states.items()}
         info = ckpt_state.train_state(self.cfg, states)
         ckpt_state.sync_params_for_save(self.model)
+        checkpoint_helpers.results_queue()  # a writer helper that outlives the exit signals
         sharding = info["dist_optimizer_sharding"]
         request = dist_checkpointing.save(
             ckpt_state.sharded_state_dict(self.model, self.optimizer, sharding, False),

@@ -99,8 +99,10 @@ class Job:
         stop_at: int | None = None,
         env: dict[str, str] | None = None,
         script: Path | None = None,
+        ignore_usr1: bool = False,
     ) -> subprocess.Popen:
-        """Starts the job: `-m training.entry`, or a test wrapper `script` around it."""
+        """Starts the job: `-m training.entry`, or a test wrapper `script` around it; with
+        `ignore_usr1`, torchrun starts with SIGUSR1 ignored, as launchers/slurm.py starts it."""
         if stop_at is not None:
             script = STOP_ENTRY
         entry = [str(script)] if script else ["-m", "training.entry"]
@@ -114,6 +116,7 @@ class Job:
                 env=self.env(stop_at, env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_ignore_usr1 if ignore_usr1 else None,
             )
 
     def run(
@@ -140,6 +143,10 @@ class Job:
     def latest_step(self) -> int | None:
         latest = dirs.latest_checkpoint(self.ckpt_dir)
         return None if latest is None else dirs.step_of(latest)
+
+
+def _ignore_usr1() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def trace(records: list[dict[str, Any]]) -> list[tuple]:
@@ -343,3 +350,29 @@ def test_async_save_publishes_complete_checkpoints(tmp_path: Path) -> None:
     # Steps 5 and 6 were trained again: their records replace the first run's, equal to them.
     assert [r["step"] for r in job.metrics()] == list(range(1, 7))
     assert trace(job.metrics()) == trace(straight)
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_exit_signal_to_every_process_after_interval_saves(tmp_path: Path, path: str) -> None:
+    """Slurm's `--signal=USR1@margin` (and `scancel --signal`) reaches every process of the job:
+    torchrun (started with USR1 ignored, as launchers/slurm.py does), the ranks and the helper
+    that Megatron-Core's checkpoint writer started at the first save. After several interval
+    saves the exit save still writes the step where the job stopped."""
+    job = Job(tmp_path, path, {"train.max_steps": 5000, "checkpoint.save_interval": 4})
+    proc = job.start(script=ASYNC_ENTRY if path == "async" else None, ignore_usr1=True)
+    wait_for(lambda: (job.latest_step() or 0) >= 8, "two interval saves", proc)
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    helpers = [p for p in tree if p.pid != proc.pid and p not in workers(proc)]
+    assert helpers, "no checkpoint helper process to signal: the test would prove nothing"
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGUSR1)
+        except psutil.NoSuchProcess:
+            pass
+    assert proc.wait(timeout=300) == 0, job.output()[-3000:]
+    out = job.output()
+    stopped = job.metrics()[-1]["step"]
+    assert f"exit signal: saving at step {stopped}" in out
+    assert job.latest_step() == stopped
+    assert not list(job.ckpt_dir.glob("*" + dirs.TMP_SUFFIX))
+    assert not psutil.pid_exists(helpers[0].pid) or helpers[0].status() == psutil.STATUS_ZOMBIE

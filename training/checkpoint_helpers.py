@@ -1,0 +1,81 @@
+"""Megatron-Core's checkpoint helper process, made to outlive the job's exit signals.
+
+At its first save, Megatron-Core's writer (dist_checkpointing/strategies/filesystem_async.py,
+`get_write_results_queue`) starts a `multiprocessing.Manager` in a spawned interpreter and keeps its
+queue for every later save, synchronous (the CPU) or asynchronous (forked writers on GPUs). That
+helper is a child of the rank, in the rank's process group, and a spawned interpreter has default
+signal dispositions. So Slurm's `--signal=USR1@margin` and `scancel --signal`, which signal every
+process of the job step, and torchrun, which forwards SIGTERM to each rank's process group, kill it
+while the ranks wait for the step boundary; the exit save then fails with BrokenPipeError, and the
+chain loses every step since the last interval save.
+
+`results_queue()` starts that helper the way it has to live: the exit signals ignored (blocked in the
+rank while the interpreter starts, then ignored by the helper itself) and ended by the kernel when
+its rank dies (PR_SET_PDEATHSIG), so ignoring signals never leaves it behind as an orphan. It hands
+the queue to Megatron-Core before its first save, and starts a new helper when the old one is gone
+all the same (e.g. SIGKILL). This is glue Megatron-Core lacks: its writer takes neither a queue nor a
+process factory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+from multiprocessing.managers import SyncManager
+
+# The exit signals of training/stop.py, and SIGINT (a Ctrl-C reaches the whole foreground group).
+SHIELDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
+
+_manager: SyncManager | None = None
+
+
+def _shield(parent: int) -> None:
+    """In the helper, before it serves: ignore the exit signals; die with the rank."""
+    for signum in SHIELDED:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the rank's exit still closes the manager
+        pass
+    if os.getppid() != parent:  # the rank died before prctl took effect
+        os._exit(1)
+
+
+def alive() -> bool:
+    return _manager is not None and _manager._process.is_alive()  # noqa: SLF001
+
+
+def results_queue() -> None:
+    """Give Megatron-Core's writer a results queue whose helper survives the exit signals."""
+    global _manager
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if alive() and filesystem_async._results_queue is not None:
+        return
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    # Blocked while the interpreter starts (the mask is inherited), so a signal in that window
+    # waits for the rank instead of killing the helper; the rank gets it when unblocked.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
+    try:
+        manager.start(initializer=_shield, initargs=(os.getpid(),))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    _manager = manager
+    filesystem_async._results_queue = manager.Queue()
+
+
+def stop() -> None:
+    """End the helper (the run is over); the next run in this process starts its own."""
+    global _manager
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if _manager is not None:
+        filesystem_async._results_queue = None
+        if _manager._process.is_alive():  # noqa: SLF001
+            _manager.shutdown()
+        _manager = None
