@@ -20,6 +20,7 @@ def fake_checkpoint(save_dir: Path, step: int, *, suffix: str = "", state: bool 
     (folder / "__0_0.distcp").write_bytes(b"shard")
     if state:
         dirs.write_state(folder, {"step": step})
+        dirs.write_manifest(folder, dirs.file_digests(folder, dirs.checkpoint_files(folder)))
     return folder
 
 
@@ -51,6 +52,55 @@ def test_latest_pointer_wins_and_falls_back(tmp_path: Path) -> None:
     # A pointer at something incomplete or gone is ignored.
     (tmp_path / dirs.LATEST_FILE).write_text("iter_0000099\n")
     assert dirs.latest_checkpoint(tmp_path) == tmp_path / "iter_0000020"
+
+
+def test_latest_is_confined_to_its_folder_and_a_garbled_one_is_reported(tmp_path: Path) -> None:
+    for step in (10, 20):
+        fake_checkpoint(tmp_path / "run", step)
+    outside = fake_checkpoint(tmp_path / "elsewhere", 30)
+    pointer = tmp_path / "run" / dirs.LATEST_FILE
+    for text in (f"../elsewhere/{outside.name}", str(outside), "iter_0000010/../../elsewhere"):
+        pointer.write_text(text)
+        candidates, notes = dirs.resume_candidates(tmp_path / "run")
+        assert [p.name for p in candidates] == ["iter_0000020", "iter_0000010"]
+        assert notes and "not a complete checkpoint folder" in notes[0] and str(pointer) in notes[0]
+    pointer.write_bytes(b"\xff\xfeiter_0000010")  # not UTF-8
+    candidates, notes = dirs.resume_candidates(tmp_path / "run")
+    assert [p.name for p in candidates] == ["iter_0000020", "iter_0000010"]
+    assert "cannot be read" in notes[0]
+
+
+def test_candidates_fall_back_from_latest_to_older_ones_only(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        fake_checkpoint(tmp_path, step)
+    (tmp_path / dirs.LATEST_FILE).write_text("iter_0000020\n")  # rolled back by hand
+    candidates, notes = dirs.resume_candidates(tmp_path)
+    assert [p.name for p in candidates] == ["iter_0000020", "iter_0000010"] and notes == []
+
+
+def test_the_manifest_finds_changed_missing_and_truncated_files(tmp_path: Path) -> None:
+    folder = fake_checkpoint(tmp_path, 1)
+    (folder / "rng").mkdir()
+    (folder / "rng" / "rank_00000.pt").write_bytes(b"0123456789")
+    dirs.write_manifest(folder, dirs.file_digests(folder, dirs.checkpoint_files(folder)))
+    files = dirs.read_manifest(folder)
+    assert sorted(files) == ["__0_0.distcp", "rng/rank_00000.pt", dirs.STATE_FILE]
+    assert dirs.verify_files(folder, files, sorted(files)) == []
+    (folder / "__0_0.distcp").write_bytes(b"shaRd")  # one flipped byte, same size
+    (folder / "rng" / "rank_00000.pt").write_bytes(b"01234")  # truncated
+    (folder / dirs.STATE_FILE).unlink()
+    problems = dirs.verify_files(folder, files, sorted(files))
+    assert problems == [
+        f"{folder / '__0_0.distcp'} does not match its SHA-256 in the manifest (changed bytes)",
+        f"{folder / 'rng/rank_00000.pt'} has 5 bytes, the manifest says 10",
+        f"{folder / dirs.STATE_FILE} is missing",
+    ]
+    (folder / dirs.MANIFEST_FILE).write_text('{"files": ')
+    with pytest.raises(ValueError, match=r"manifest.json is unreadable"):
+        dirs.read_manifest(folder)
+    (folder / dirs.MANIFEST_FILE).unlink()
+    with pytest.raises(ValueError, match=r"manifest.json is missing"):
+        dirs.read_manifest(folder)
 
 
 def test_publish_renames_then_points_latest(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ class Checkpointer:
         self.device = device
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
+        self.resumed: dict[str, Any] | None = None  # what resume() loaded and passed over
         self._async_queue = None
         self._async_strategy = "mcore"
         if ckpt.async_save and device == "cuda":
@@ -93,30 +94,57 @@ class Checkpointer:
         dist.barrier()
 
     # --- resume -------------------------------------------------------------------------------
-    def find_resume_point(self) -> Path | None:
-        """The newest complete checkpoint of save_dir (this run's own), else of load_dir."""
-        path = dirs.latest_checkpoint(self.save_dir)
-        if path is None and self.load_dir is not None:
-            path = dirs.latest_checkpoint(self.load_dir)
-            if path is None:
+    def resume(self) -> Path | None:
+        """Load the newest complete checkpoint that is intact, in place; returns its folder.
+
+        Candidates come from save_dir (this run's own), else load_dir: the one `latest` names, then
+        older ones. One that fails verification or loading is reported by name and the next is
+        tried; `self.resumed` says what was loaded and what was passed over (the metrics log it).
+        With no checkpoint at all, a fine-tuning run takes the weights of pretrained_dir.
+        """
+        self.resumed = None
+        folder = self.save_dir
+        candidates, notes = dirs.resume_candidates(folder)
+        if not candidates and self.load_dir is not None:
+            folder = self.load_dir
+            candidates, notes = dirs.resume_candidates(folder)
+            if not candidates:
                 raise FileNotFoundError(
-                    f"checkpoint.load_dir={str(self.load_dir)!r} holds no complete checkpoint "
+                    f"checkpoint.load_dir={str(folder)!r} holds no complete checkpoint "
                     f"(an iter_XXXXXXX folder with {dirs.STATE_FILE}); fix the path or unset it"
                 )
-        return path
-
-    def resume(self) -> Path | None:
-        """Load the newest complete checkpoint in place, if there is one; returns its folder.
-
-        With none to resume from, a fine-tuning run takes the weights of checkpoint.pretrained_dir.
-        """
-        path = self.find_resume_point()
-        if path is None:
+        self._say(*notes)
+        if not candidates:
             if self.cfg.checkpoint.pretrained_dir:
                 self._load_pretrained(Path(self.cfg.checkpoint.pretrained_dir))
             return None
-        saved = dirs.read_state(path)
-        ckpt_state.check_compatible(self.cfg, path, saved)
+        rejected = []
+        for path in candidates:
+            problem = self._agree(self._verify(path))
+            if problem is None:
+                saved = dirs.read_state(path)  # as written: the manifest verified it
+                ckpt_state.check_compatible(self.cfg, path, saved)  # a setting, not damage: raise
+                problem = self._agree(self._try(self._load, path, saved))
+            if problem is None:
+                break
+            rejected.append({"checkpoint": str(path), "problem": problem})
+            self._say(f"checkpoint: {path} cannot be resumed from: {problem}")
+        else:
+            listed = "\n".join(f"  {r['checkpoint']}: {r['problem']}" for r in rejected)
+            raise RuntimeError(
+                f"no checkpoint in {folder} can be resumed from:\n{listed}\nRestore them from a "
+                "copy, or move them away to start afresh (the run does not do that on its own)"
+            )
+        step = self.step
+        self.last_saved_step = step
+        self.resumed = {"checkpoint": str(path), "resumed_step": step, "rejected": rejected}
+        if rejected:
+            self._say(f"checkpoint: fell back to {path}, an older checkpoint that is intact")
+        self._say(f"resumed from {path} at step {step}")
+        return path
+
+    def _load(self, path: Path, saved: dict[str, Any]) -> None:
+        """Everything a checkpoint holds, into this run's objects, in place."""
         ckpt_state.load_model_and_optimizer(
             self.model, self.optimizer, path, saved["dist_optimizer_sharding"]
         )
@@ -124,8 +152,7 @@ class Checkpointer:
         self.states["scheduler"].load_state_dict(saved["scheduler"])
         same_world = saved["world_size"] == dist.get_world_size()
         if not same_world:  # RNG streams are per rank: nothing to map them onto
-            if self.rank == 0:
-                print("checkpoint: world size changed: RNG streams start afresh", flush=True)
+            self._say("checkpoint: world size changed: RNG streams start afresh")
         elif ckpt_state.rng_file(path, self.rank).is_file():
             self.states["rng"].load_state_dict(ckpt_state.load_rng(path, self.rank))
         # The batch source's own state (Energon's loader) is per DP rank: same layout only;
@@ -135,32 +162,61 @@ class Checkpointer:
         if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
             data = ckpt_state.load_data(path, self.rank)
         self.states["data"].load_state_dict(data)
-        step = int(saved["step"])
-        self.last_saved_step = step
+        if saved["config_hash"] != ckpt_state.config_hash(self.cfg):
+            self._say(f"checkpoint: the config differs from the one that saved {path}")
+
+    def _verify(self, path: Path) -> str | None:
+        """What is wrong with `path`'s files, by the manifest; each rank checks a share of them."""
+        try:
+            files = dirs.read_manifest(path)
+        except ValueError as err:
+            return str(err)
+        world = dist.get_world_size()
+        problems = dirs.verify_files(path, files, sorted(files)[self.rank :: world])
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            return problems[0] + more
+        return None
+
+    @staticmethod
+    def _try(load: Any, *args: Any) -> str | None:
+        try:
+            load(*args)
+        except Exception as err:  # whatever a damaged or foreign file makes a reader raise
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    def _agree(self, problem: str | None) -> str | None:
+        """One verdict for all ranks: the first problem any rank found, else None."""
+        found: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(found, problem)
+        return next((p for p in found if p is not None), None)
+
+    def _say(self, *lines: str) -> None:
         if self.rank == 0:
-            if saved["config_hash"] != ckpt_state.config_hash(self.cfg):
-                print(f"checkpoint: the config differs from the one that saved {path}", flush=True)
-            print(f"resumed from {path} at step {step}", flush=True)
-        return path
+            for line in lines:
+                print(line, flush=True)
 
     def _load_pretrained(self, folder: Path) -> None:
-        """Model weights only from a complete checkpoint (or a folder whose latest one is)."""
+        """Model weights only from a complete checkpoint (or the latest of a folder of them)."""
+        where = f"checkpoint.pretrained_dir={str(folder)!r}"
         path = folder if dirs.is_complete(folder) else dirs.latest_checkpoint(folder)
         if path is None:
             raise FileNotFoundError(
-                f"checkpoint.pretrained_dir={str(folder)!r} is not a complete checkpoint (an "
-                f"iter_XXXXXXX folder with {dirs.STATE_FILE}) and holds none; fix the path"
+                f"{where} is not a complete checkpoint (an iter_XXXXXXX folder with "
+                f"{dirs.STATE_FILE}) and holds none; fix the path"
             )
-        try:
-            ckpt_state.load_model_weights(self.model, self.optimizer, path)
-        except Exception as err:  # Megatron's own errors name tensors, not the setting
+        problem = self._agree(self._verify(path))
+        if problem is not None:
+            raise ValueError(f"{where}: {path} is damaged: {problem}")
+        load = ckpt_state.load_model_weights
+        problem = self._agree(self._try(load, self.model, self.optimizer, path))
+        if problem is not None:  # Megatron's own errors name tensors, not the setting
             raise ValueError(
-                f"checkpoint.pretrained_dir={str(folder)!r}: cannot load the weights in {path} "
-                f"into this model ({type(err).__name__}: {err}); the checkpoint must come from the "
-                "same architecture (layers, widths, vocabulary)"
-            ) from err
-        if self.rank == 0:
-            print(f"loaded pretrained weights from {path}; training starts at step 0", flush=True)
+                f"{where}: cannot load the weights in {path} into this model ({problem}); the "
+                "checkpoint must come from the same architecture (layers, widths, vocabulary)"
+            )
+        self._say(f"loaded pretrained weights from {path}; training starts at step 0")
 
     # --- the hook -----------------------------------------------------------------------------
     def after_step(self, trainer: Any, stopping: bool) -> None:
@@ -222,10 +278,19 @@ class Checkpointer:
         self.last_saved_step = step
 
     def _publish(self, tmp: Path, info: dict[str, Any]) -> None:
-        """Every rank's shards are on disk: rank 0 writes train_state.json, renames, prunes."""
+        """Every rank's shards are on disk: the ranks hash them, each a share; rank 0 writes
+        train_state.json, then the manifest, renames, prunes."""
         dist.barrier()  # every rank's RNG file too
+        world = dist.get_world_size()
+        digests = dirs.file_digests(tmp, dirs.checkpoint_files(tmp)[self.rank :: world])
+        shares: list[dict[str, Any]] | None = [{}] * world if self.rank == 0 else None
+        dist.gather_object(digests, shares, dst=0)
         if self.rank == 0:
             dirs.write_state(tmp, info)
+            files = dict(dirs.file_digests(tmp, [dirs.STATE_FILE]))
+            for share in shares:
+                files |= share
+            dirs.write_manifest(tmp, files)
             if os.environ.get(SLOW_SAVE_ENV):
                 print(f"checkpoint: {SLOW_SAVE_ENV}: sleeping before publishing {tmp}", flush=True)
                 time.sleep(float(os.environ[SLOW_SAVE_ENV]))

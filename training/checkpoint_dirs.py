@@ -4,8 +4,9 @@ Plain Python (no torch, no process groups): global rank 0 calls these, and tests
 
     <save_dir>/
       latest                 "iter_0000020": the newest complete checkpoint (written atomically)
-      iter_0000020/          complete: Megatron's dist-checkpoint files, rng/rank_XXXXX.pt and
-                             train_state.json (step, data position, LR schedule, config hash)
+      iter_0000020/          complete: Megatron's dist-checkpoint files, rng/rank_XXXXX.pt,
+                             train_state.json (step, data position, LR schedule, config hash) and
+                             manifest.json (every other file's size and SHA-256), written last
       iter_0000030.tmp/      being written, or left behind by a crash: never loaded, removed at start
 
 A checkpoint is complete once its folder carries the plain `iter_XXXXXXX` name. Everything is
@@ -13,10 +14,16 @@ written into `iter_XXXXXXX.tmp` first, `train_state.json` last, and only then do
 folder (an atomic `rename(2)` on one file system) and point `latest` at it. A crash or SIGKILL at any
 moment therefore leaves either the previous complete checkpoint as the newest one, or the new one
 complete; never a half-written folder under a name that the loader accepts.
+
+What a crash cannot do, a disk, a copy or a hand can: flip bytes, truncate a shard, delete a file.
+`manifest.json` lets a resume find that out before it loads anything (training/checkpoint.py hashes
+and verifies it, each rank a share of the files) and fall back to an older checkpoint that passes.
+`latest` names a folder of its own directory only: anything else in it is ignored and reported.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,6 +33,7 @@ from typing import Any
 
 LATEST_FILE = "latest"
 STATE_FILE = "train_state.json"
+MANIFEST_FILE = "manifest.json"
 TMP_SUFFIX = ".tmp"  # being written
 DEL_SUFFIX = ".del"  # being deleted: renamed first, so a half-deleted folder never looks complete
 _COMPLETE = re.compile(r"^iter_(\d{7,})$")
@@ -53,20 +61,36 @@ def complete_checkpoints(save_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0)
 
 
-def latest_checkpoint(save_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one `latest` names, when it is complete.
+def resume_candidates(save_dir: Path) -> tuple[list[Path], list[str]]:
+    """The checkpoints to try, in order, and what was wrong with `latest` (for the log).
 
-    `latest` wins over a newer folder so that a user can roll back by editing it (as with
-    Megatron-LM's latest_checkpointed_iteration.txt). Without a usable `latest` (deleted, or a crash
-    between the rename and its update) the newest complete folder is taken; `.tmp` folders never.
+    First the one `latest` names, when it is complete: it wins over a newer folder so that a user
+    can roll back by editing it (as with Megatron-LM's latest_checkpointed_iteration.txt); then the
+    older complete ones, newest first, to fall back on when it turns out damaged. Without a usable
+    `latest` (deleted, garbled, naming something that is not an iter_XXXXXXX folder of save_dir, or a
+    crash between the rename and its update) every complete folder, newest first; `.tmp` never.
     """
+    complete = complete_checkpoints(save_dir)
+    notes = []
     pointer = save_dir / LATEST_FILE
     if pointer.is_file():
-        named = save_dir / pointer.read_text(encoding="utf-8").strip()
-        if is_complete(named):
-            return named
-    complete = complete_checkpoints(save_dir)
-    return complete[-1] if complete else None
+        try:
+            name = pointer.read_bytes().decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            name, why = None, f"cannot be read ({err})"
+        else:
+            why = f"names {name!r}, not a complete checkpoint folder of {save_dir}"
+        if name is not None and _COMPLETE.match(name) and is_complete(save_dir / name):
+            named = save_dir / name
+            return [named, *[p for p in reversed(complete) if step_of(p) < step_of(named)]], notes
+        notes.append(f"{pointer} {why}: ignored")
+    return list(reversed(complete)), notes
+
+
+def latest_checkpoint(save_dir: Path) -> Path | None:
+    """The checkpoint a resume tries first (see `resume_candidates`)."""
+    candidates, _ = resume_candidates(save_dir)
+    return candidates[0] if candidates else None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -102,6 +126,60 @@ def read_state(folder: Path) -> dict[str, Any]:
     return json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
 
 
+def checkpoint_files(folder: Path) -> list[str]:
+    """Every file of a checkpoint folder but the manifest, as sorted POSIX paths relative to it."""
+    found = (p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    return sorted(p.relative_to(folder).as_posix() for p in found)
+
+
+def file_digests(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of each of `names` (paths relative to folder)."""
+    out = {}
+    for name in names:
+        with open(folder / name, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        out[name] = {"size": (folder / name).stat().st_size, "sha256": digest}
+    return out
+
+
+def write_manifest(folder: Path, files: dict[str, dict[str, Any]]) -> None:
+    manifest = {"algorithm": "sha256", "files": files}
+    atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's files; ValueError, naming the file, when it is missing or unreadable."""
+    path = folder / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+        files = manifest["files"]
+        if manifest["algorithm"] != "sha256" or not isinstance(files, dict):
+            raise ValueError("unknown layout")
+        return files
+    except FileNotFoundError:
+        raise ValueError(
+            f"{path} is missing (a checkpoint of an older format, or damaged)"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
+
+
+def verify_files(folder: Path, files: dict[str, dict[str, Any]], names: list[str]) -> list[str]:
+    """What is wrong with `names` (a share of the manifest's files): missing, resized, changed."""
+    problems = []
+    for name in names:
+        path, want = folder / name, files[name]
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+            continue
+        size = path.stat().st_size
+        if size != want["size"]:
+            problems.append(f"{path} has {size} bytes, the manifest says {want['size']}")
+        elif file_digests(folder, [name])[name]["sha256"] != want["sha256"]:
+            problems.append(f"{path} does not match its SHA-256 in the manifest (changed bytes)")
+    return problems
+
+
 def _remove(path: Path) -> None:
     """Rename out of the complete namespace first, then delete (a crash mid-delete stays harmless)."""
     doomed = path.with_name(path.name + DEL_SUFFIX)
@@ -113,8 +191,11 @@ def _remove(path: Path) -> None:
 
 def publish(tmp_folder: Path) -> Path:
     """Rename a fully written `iter_XXXXXXX.tmp` to `iter_XXXXXXX` and point `latest` at it."""
-    if not tmp_folder.name.endswith(TMP_SUFFIX) or not (tmp_folder / STATE_FILE).is_file():
-        raise ValueError(f"{tmp_folder} is not a fully written checkpoint (no {STATE_FILE})")
+    written = all((tmp_folder / name).is_file() for name in (STATE_FILE, MANIFEST_FILE))
+    if not tmp_folder.name.endswith(TMP_SUFFIX) or not written:
+        raise ValueError(
+            f"{tmp_folder} is not a fully written checkpoint (no {STATE_FILE} or {MANIFEST_FILE})"
+        )
     final = tmp_folder.with_name(tmp_folder.name[: -len(TMP_SUFFIX)])
     if final.exists():
         # Left by a run that crashed after the rename but before `latest` moved on, then

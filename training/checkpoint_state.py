@@ -7,9 +7,15 @@
   reshards over data parallelism only: TP, PP and EP must stay the same across a resume).
 - `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
   schedule's state, the config's name and hash, the parallel layout, the sharding type.
-- `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker).
+- `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker),
+  as tensors, ints and strings only.
 - `data/rank_XXXXX.pt`: each rank's batch source (its `state_dict()`): for Energon its savable
   loader's state, which differs between data-parallel ranks and knows what was prefetched.
+- `manifest.json` (training/checkpoint_dirs.py): the size and SHA-256 of every other file.
+
+Loading never runs code from the checkpoint (`safe_loading`): every `torch.load`, ours and those
+inside torch's distributed checkpoint reader, is weights-only (tensors and plain containers), and
+the reader's pickled `.metadata` is unpickled first with only the classes torch writes there.
 
 The named states come from `Trainer.checkpoint_states()` (see `STATES`): the step counter ("train")
 and the LR schedule go into train_state.json, the RNG and the batch source into the per-rank files.
@@ -20,9 +26,14 @@ needs two corrections on load, see `_allocate_optimizer_state` and `_restore_ada
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import os
+import pickle
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +45,7 @@ from megatron.core.utils import unwrap_model
 from config.schema import TrainingConfig
 from config.tree import to_dict
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
 # The named states a checkpoint holds besides the model and the optimizer.
 STATES = ("train", "scheduler", "rng", "data")
 
@@ -122,11 +133,59 @@ def sync_params_for_save(model: list[Any]) -> None:
             chunk.enable_forward_pre_hook()
 
 
+# What torch's distributed checkpoint writes into `.metadata`: its own dataclasses and enums, torch
+# dtypes and sizes. Unpickling anything else could run code (pickle calls what the file names).
+_METADATA_MODULES = {
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint.filesystem",
+}
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name) if module.startswith("torch") else None
+        plain_class = isinstance(found, type) and module in _METADATA_MODULES
+        if plain_class or (module, name) in _METADATA_GLOBALS or isinstance(found, torch.dtype):
+            return found
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def check_metadata(folder: Path) -> None:
+    """ValueError, naming the file, when `.metadata` holds anything but torch's own metadata."""
+    path = folder / ".metadata"
+    try:
+        _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing") from None
+    except Exception as err:  # a damaged or foreign file: pickle raises many kinds of error
+        raise ValueError(f"{path} is not safe to load ({type(err).__name__}: {err})") from None
+
+
+@contextlib.contextmanager
+def safe_loading(folder: Path) -> Iterator[None]:
+    """Load from `folder` without running code from it: `.metadata` checked, and every torch.load
+    meanwhile weights-only (torch's reader asks for full unpickling of its byte items)."""
+    check_metadata(folder)
+    key = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def load_model_and_optimizer(model: list[Any], optimizer: Any, folder: Path, sharding: str) -> None:
     """Model weights and optimizer state from `folder`, in place (every rank calls this)."""
     _allocate_optimizer_state(optimizer)
     state = sharded_state_dict(model, optimizer, sharding, True)
-    loaded = dist_checkpointing.load(state, str(folder))
+    with safe_loading(folder):
+        loaded = dist_checkpointing.load(state, str(folder))
     for key, chunk in model_chunks(model).items():
         chunk.load_state_dict(loaded[key])
     optimizer.load_state_dict(loaded["optimizer"])
@@ -141,7 +200,8 @@ def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
     first step would write those back over the pretrained weights.
     """
     state = {key: chunk.sharded_state_dict() for key, chunk in model_chunks(model).items()}
-    loaded = dist_checkpointing.load(state, str(folder))
+    with safe_loading(folder):
+        loaded = dist_checkpointing.load(state, str(folder))
     for key, chunk in model_chunks(model).items():
         chunk.load_state_dict(loaded[key])
     optimizer.reload_model_params()
@@ -152,14 +212,19 @@ def rng_file(folder: Path, rank: int) -> Path:
 
 
 def save_rng(folder: Path, rank: int, rng: dict[str, Any]) -> None:
+    """numpy's state as a tensor, so that the file loads weights-only (no numpy class in it)."""
     path = rng_file(folder, rank)
     path.parent.mkdir(exist_ok=True)
-    torch.save(rng, path)
+    kind, keys, pos, has_gauss, gauss = rng["numpy"]
+    torch.save(
+        rng | {"numpy": (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)}, path
+    )
 
 
 def load_rng(folder: Path, rank: int) -> dict[str, Any]:
-    # Our own file, holding python and numpy RNG tuples besides tensors: not weights-only.
-    return torch.load(rng_file(folder, rank), weights_only=False)
+    state = torch.load(rng_file(folder, rank), weights_only=True)
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    return state | {"numpy": (kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss)}
 
 
 def data_file(folder: Path, rank: int) -> Path:

@@ -43,7 +43,7 @@ class StepLogger(Protocol):
 
     def on_step(self, step: int, metrics: dict[str, Any]) -> None: ...
 
-    def resume_from(self, step: int) -> None: ...
+    def resume_from(self, step: int, resumed: dict[str, Any] | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -164,11 +164,18 @@ class Trainer:
         }
 
     # --- the loop -----------------------------------------------------------------------------
-    def train(self, hooks: Sequence[Hook] = (), stop: StopPolicy | None = None) -> None:
+    def train(
+        self,
+        hooks: Sequence[Hook] = (),
+        stop: StopPolicy | None = None,
+        resumed: dict[str, Any] | None = None,
+    ) -> None:
+        """Train to train.max_steps or the stop decision. `resumed`: what the checkpointer loaded
+        (and passed over), recorded in the metrics."""
         cfg = self.cfg
         # One record per step across restarts: a job that died before its first checkpoint
         # logged steps that this one trains again, from 0.
-        self.logger.resume_from(self.step)
+        self.logger.resume_from(self.step, resumed)
         tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
         while self.step < cfg.train.max_steps:
             t0 = time.perf_counter()

@@ -97,7 +97,7 @@ def pretrain(config: TrainingConfig) -> None:
         )
         checkpoints.resume()  # from the newest complete checkpoint, if any: job chains
         stop = StopPolicy(config.train.exit_duration_minutes, trainer.torch_device)
-        trainer.train([checkpoints], stop)
+        trainer.train([checkpoints], stop, resumed=checkpoints.resumed)
     finally:
         if stop is not None:
             stop.close()

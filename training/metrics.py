@@ -103,12 +103,14 @@ class MetricsLogger:
             log_dir=str(self.run_dir / "tensorboard"), flush_secs=30, purge_step=purge_step
         )
 
-    def resume_from(self, step: int) -> None:
+    def resume_from(self, step: int, resumed: dict[str, Any] | None = None) -> None:
         """Forget records past `step`, where this run starts (a checkpoint's step, or 0).
 
         A job that died after its last checkpoint (or before its first) logged steps that this run
         trains again; dropping them keeps one record per step in metrics.jsonl, so it reads as one
         run, and in TensorBoard, whose readers hide the events past `step` of earlier writers.
+        `resumed` (what the checkpointer loaded and passed over) becomes an event record:
+        {"step": N, "event": "resumed", "checkpoint": ..., "rejected": [...]}.
         """
         if not self.is_writer or self._file is None:
             return
@@ -126,6 +128,15 @@ class MetricsLogger:
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, path)
         self._file = path.open("a", encoding="utf-8")
+        if resumed is not None:
+            event = {
+                "step": int(step),
+                "event": "resumed",
+                **resumed,
+                "time": round(time.time(), 3),
+            }
+            self._file.write(json.dumps(event) + "\n")
+            self._file.flush()
 
     def on_step(self, step: int, metrics: dict[str, float | None]) -> None:
         """Record the metrics of global step `step` (the number of optimizer steps done)."""
@@ -215,7 +226,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The lines of a metrics.jsonl, one per step, sorted by step.
 
     A run resumed from an earlier checkpoint repeats the steps after it; the later line wins. A
-    line cut short by a crash is skipped.
+    line cut short by a crash is skipped, and so are the records of events (a resume).
     """
     path = Path(path)
     if not path.is_file():
@@ -227,7 +238,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and "event" not in row:
                 by_step[row["step"]] = row
     return [by_step[s] for s in sorted(by_step)]
 

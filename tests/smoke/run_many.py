@@ -111,12 +111,13 @@ class Outcome:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl records ([] when it logged none)."""
+    """A run's metrics.jsonl step records, in file order ([] when it logged none); the records of
+    events (a resume) are left out."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [r for r in records if "event" not in r]
 
 
 def run_dir_of(config: Path) -> Path:
