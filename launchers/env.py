@@ -9,7 +9,8 @@
   defaults (`default_env NAME value` sets NAME only when unset), never overrides.
 - Secrets (WANDB_API_KEY, HF_TOKEN, *_API_KEY, *_TOKEN, *SECRET*, *PASSWORD*) are never written into
   a generated file: they reach the ranks by name (inheritance, pyxis --container-env NAME,
-  APPTAINERENV_NAME=$NAME).
+  APPTAINERENV_NAME=$NAME). A profile value that assigns one (`export HF_TOKEN=...` in `setup`) or
+  holds a well-known token format (`secrets_in`) is refused.
 """
 
 from __future__ import annotations
@@ -51,9 +52,40 @@ FI_EFA_FORK_SAFE FI_LOG_LEVEL GLOO_SOCKET_IFNAME TP_SOCKET_IFNAME
 """.split()
 
 
+# NAME=VALUE anywhere in a text: `export HF_TOKEN=...`, `--export=ALL,HF_TOKEN=...`; a '-' in a
+# name counts as '_', so the option `--wandb-api-key=...` assigns WANDB_API_KEY.
+_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_-]*)=")
+# Values in well-known token formats, whatever name they are given (or none).
+TOKEN_FORMATS = {
+    "Hugging Face token (hf_...)": re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}"),
+    "GitHub token (ghp_..., github_pat_...)": re.compile(
+        r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"
+    ),
+    "AWS access key (AKIA...)": re.compile(
+        r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+    ),
+    # Also the length of a full git commit hash: the message says how to give one.
+    "W&B API key (40 hex digits; a git commit hash? give its first 12)": re.compile(
+        r"(?<![A-Za-z0-9])[0-9a-f]{40}(?![A-Za-z0-9])"
+    ),
+}
+
+
 def is_secret(name: str) -> bool:
     """Whether a variable must travel by name only (never as a value in a generated file)."""
     return bool(_SECRET.search(name.upper()))
+
+
+def secrets_in(text: str) -> list[str]:
+    """The secrets `text` would write into a file, described without their values: the secret
+    variables it assigns and the well-known tokens it holds."""
+    names = sorted(set(_ASSIGNMENT.findall(text)))
+    found = [f"assigns {name}" for name in names if is_secret(name.replace("-", "_"))]
+    return found + [
+        f"holds what looks like a secret: {kind}"
+        for kind, rx in TOKEN_FORMATS.items()
+        if rx.search(text)
+    ]
 
 
 def recipe_owned(name: str) -> bool:
@@ -100,10 +132,16 @@ def fabric_problems(fabric: Mapping[str, str]) -> list[tuple[str, str]]:
     """Names in a profile's [fabric] table that are not fabric variables."""
     problems = []
     for name in fabric:
-        where = f"fabric.{name}"
         if not _NAME.match(name):
-            problems.append((where, "not a valid environment variable name"))
-        elif is_secret(name):
+            problems.append(
+                (
+                    f"fabric[{name!r}]",
+                    f"{name!r} is not a valid environment variable name (letters, digits and '_', not first a digit)",
+                )
+            )
+            continue
+        where = f"fabric.{name}"
+        if is_secret(name):
             problems.append((where, f"looks like a secret: export {name} in your shell instead"))
         elif recipe_owned(name):
             problems.append(

@@ -4,6 +4,10 @@ Recipes say what to train; the profile says how this cluster wants jobs: the Slu
 partition, the wall time, the container image and mounts (or the venv), and the fabric variables
 its network needs. Keys are strict: a misspelled key is an error naming the closest valid one, so
 `partiton = "batch"` can never be silently ignored and land the job in the default partition.
+Values are strict too, since any of them may reach a generated script: no control characters (a
+newline ends an #SBATCH line, and Slurm reads no option after the next command), no secrets (named
+in the error, never shown), `time` in Slurm's formats and a margin sbatch --signal can take.
+`check_profile` runs on load, on `replace`, and again on the profile a job is rendered with.
 
     executor = "slurm"                       # slurm | slurm-apptainer | slurm-bare | local
     account = "llm"
@@ -19,19 +23,30 @@ its network needs. Keys are strict: a misspelled key is an error naming the clos
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from config.tree import ConfigError, field_types, suggest
+from launchers.mounts import parse_mounts
 
 EXECUTORS = ("local", "slurm", "slurm-apptainer", "slurm-bare")
 CONTAINERISED = ("slurm", "slurm-apptainer")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# `time` in Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
+# `time` in Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; ASCII digits only, and
+# matched whole (fullmatch, no strip): a trailing newline would end the #SBATCH line it is written
+# in, and Slurm stops reading options at the line after it.
+TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
+TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+# Characters no generated script can carry: a newline ends an #SBATCH line (Slurm then ignores
+# every option below it) or a shell line, and shifts the quoting of what follows; the others are
+# invisible in review. A tab included: no profile value needs one.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_SIGNAL_S = 0xFFFF  # sbatch --signal=USR1@T refuses T above 65535 seconds
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,15 +91,22 @@ class Profile:
         return time_to_minutes(self.time)
 
     @property
+    def exit_margin_s(self) -> int:
+        """The margin as sbatch gets it: --signal=USR1@<whole seconds>."""
+        return int(self.exit_margin_minutes * 60)
+
+    @property
     def containerised(self) -> bool:
         return self.executor in CONTAINERISED
 
 
 def time_to_minutes(text: str) -> float:
     """Slurm's time formats as minutes ("04:00:00" -> 240, "1-00:00:00" -> 1440, "30" -> 30)."""
-    match = TIME.match(text.strip())
+    match = TIME.fullmatch(text)
     if not match:
-        raise ConfigError([("time", f"'{text}' is not a Slurm time (HH:MM:SS, D-HH:MM:SS or MM)")])
+        raise ConfigError(
+            [("time", f'{text!r} is not a Slurm time ({TIME_FORMATS}); e.g. time = "04:00:00"')]
+        )
     days, a, b, c = (int(g) if g is not None else None for g in match.groups())
     if days is not None:  # D-HH[:MM[:SS]]
         return days * 1440 + a * 60 + (b or 0) + (c or 0) / 60
@@ -145,23 +167,23 @@ def check_profile(profile: Profile) -> Profile:
 
 
 def _check_values(p: Profile) -> list[tuple[str, str]]:
-    from launchers.env import env_problems, fabric_problems, is_secret
+    from launchers.env import env_problems, fabric_problems
 
-    problems: list[tuple[str, str]] = []
+    problems = _type_problems(p)
+    if problems:
+        return problems  # the checks below read each value as its declared type
+    problems = [pr for key, text in _texts(p) for pr in _text_problems(key, text)]
+    flagged = {key for key, _ in problems}
     if p.executor not in EXECUTORS:
         hint = suggest(p.executor, list(EXECUTORS)) or f" Choose one of {', '.join(EXECUTORS)}."
-        problems.append(("executor", f"unknown executor '{p.executor}'.{hint}"))
-    try:
-        minutes = time_to_minutes(p.time)
-        if minutes <= p.exit_margin_minutes:
-            problems.append(
-                (
-                    "exit_margin_minutes",
-                    f"{p.exit_margin_minutes} leaves no training time in time={p.time}; lower it or raise time",
-                )
-            )
-    except ConfigError as err:
-        problems += err.problems
+        problems.append(("executor", f"unknown executor {p.executor!r}.{hint}"))
+    minutes = None
+    if "time" not in flagged:
+        try:
+            minutes = time_to_minutes(p.time)
+        except ConfigError as err:
+            problems += err.problems
+    problems += _margin_problems(p, minutes)
     if p.executor == "slurm-bare" and not p.venv:
         problems.append(
             ("venv", 'slurm-bare needs venv = "/path/to/.venv" (activated on every node)')
@@ -170,9 +192,113 @@ def _check_values(p: Profile) -> list[tuple[str, str]]:
         problems.append(
             ("container_image", f"{p.executor} needs container_image (see containers/)")
         )
-    for name in p.env:
+    for i, flag in enumerate(p.sbatch_flags):
+        key = f"sbatch_flags[{i}]"
+        if key not in flagged and not re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", flag):
+            problems.append((key, f"{flag!r} is not one --option or --option=value"))
+    if not any(key.startswith("mounts[") for key in flagged):
+        try:
+            parse_mounts(p.mounts)
+        except ConfigError as err:
+            problems += err.problems
+    problems += _env_name_problems(p.env) + env_problems(p.env) + fabric_problems(p.fabric)
+    return problems
+
+
+def _type_problems(p: Profile) -> list[tuple[str, str]]:
+    """The TOML type check, for a Profile built in Python too (None where the type allows it)."""
+    problems = []
+    for key, tp in field_types(Profile).items():
+        value = getattr(p, key)
+        if not (value is None and "None" in str(tp)):
+            problems += _check_type(key, value, tp)
+    return problems
+
+
+def table_key(table: str, name: str) -> str:
+    """How an error names one entry of [env] or [fabric] (repr when the name itself is odd)."""
+    return f"{table}.{name}" if NAME.match(name) else f"{table}[{name!r}]"
+
+
+def _texts(p: Profile) -> Iterator[tuple[str, str]]:
+    """(profile key, text) of every string in the profile: any of them may reach a script."""
+    for f in dataclasses.fields(p):
+        value = getattr(p, f.name)
+        if isinstance(value, str):
+            yield f.name, value
+        elif isinstance(value, list):
+            yield from ((f"{f.name}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            yield from ((table_key(f.name, k), str(v)) for k, v in value.items())
+
+
+def _text_problems(key: str, text: str) -> list[tuple[str, str]]:
+    """A secret (named, never shown), else control characters (shown with repr)."""
+    from launchers.env import secrets_in
+
+    found = secrets_in(text)
+    if found:
+        return [
+            (
+                key,
+                f"{'; '.join(found)}. A secret is never written into a profile or a generated script: delete it here and export it in the shell you submit from (it reaches the ranks by name)",
+            )
+        ]
+    return control_problems(key, text, "delete it from the profile")
+
+
+def control_problems(key: str, text: str, fix: str) -> list[tuple[str, str]]:
+    """A value bound for a generated script must hold no control character (newline, tab, ...)."""
+    bad = sorted({repr(c) for c in CONTROL.findall(text)})
+    if not bad:
+        return []
+    return [
+        (
+            key,
+            f"{text!r} holds the control character {', '.join(bad)}: a generated script cannot carry it (a newline ends the #SBATCH or shell line it is in); {fix}",
+        )
+    ]
+
+
+def _margin_problems(p: Profile, minutes: float | None) -> list[tuple[str, str]]:
+    """The margin becomes --signal=USR1@<whole seconds> and the run's exit_duration_minutes."""
+    margin, key = p.exit_margin_minutes, "exit_margin_minutes"
+    if not math.isfinite(margin) or int(margin * 60) < 1:
+        return [
+            (
+                key,
+                f"{margin!r} is not a finite margin of at least 1 second (1/60 minute): the job saves a checkpoint and exits this many minutes before `time`, and sbatch gets it in whole seconds (--signal=USR1@<s>); e.g. exit_margin_minutes = 10",
+            )
+        ]
+    if p.exit_margin_s > MAX_SIGNAL_S:
+        return [
+            (
+                key,
+                f"{margin!r} minutes is {p.exit_margin_s} s, more than sbatch --signal takes ({MAX_SIGNAL_S} s); lower it to at most {MAX_SIGNAL_S // 60}",
+            )
+        ]
+    if minutes is not None and margin >= minutes:
+        return [
+            (
+                key,
+                f"{margin!r} leaves no training time in time={p.time!r} ({minutes:g} minutes); lower it or raise time",
+            )
+        ]
+    return []
+
+
+def _env_name_problems(env: dict[str, str]) -> list[tuple[str, str]]:
+    from launchers.env import is_secret
+
+    problems = []
+    for name in env:
         if not NAME.match(name):
-            problems.append((f"env.{name}", "not a valid environment variable name"))
+            problems.append(
+                (
+                    table_key("env", name),
+                    f"{name!r} is not a valid environment variable name (letters, digits and '_', not first a digit)",
+                )
+            )
         elif is_secret(name):
             problems.append(
                 (
@@ -180,8 +306,37 @@ def _check_values(p: Profile) -> list[tuple[str, str]]:
                     f"looks like a secret: never write it in a file; export {name} in your shell and it is forwarded by name",
                 )
             )
-    problems += env_problems(p.env) + fabric_problems(p.fabric)
     return problems
+
+
+def run_name_problems(name: str, key: str = "name") -> list[tuple[str, str]]:
+    """A run's name names its folder, <run_root>/<name>-<UTC time>, and its Slurm job: it must be
+    one folder name, so that the run directory stays inside run_root."""
+    if not name:
+        why = "is empty"
+    elif CONTROL.search(name):
+        why = "holds a control character"
+    elif "/" in name:
+        why = "holds '/'"
+    elif name.startswith("."):
+        why = "starts with '.'"
+    elif len(name.encode()) > 200:
+        why = "is longer than 200 bytes"
+    else:
+        return []
+    return [
+        (
+            key,
+            f"{name!r} {why}: the run directory is <run_root>/<{key}>-<time>, so {key} must be one folder name; use letters, digits, '_', '-' and '.' (not first), e.g. {key}=my_llama3_8b",
+        )
+    ]
+
+
+def check_run_name(name: str, key: str = "name") -> None:
+    """ConfigError when `name` would move a run directory out of run_root (see run_name_problems)."""
+    problems = run_name_problems(name, key)
+    if problems:
+        raise ConfigError(problems)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -9,8 +9,10 @@ for nemo-run 0.11.1:
 - its job directories and rendezvous ids carry timestamps and random numbers, so its scripts cannot
   be golden files; and it runs srun in the foreground, so a trapped signal would wait for the step.
 Here every value passes through one quoting filter (`q`), values that no script can carry
-(newlines) are refused before rendering, and the same template serves all three kinds.
-`tests/test_launchers.py` checks this with hostile strings under `bash -n` and a sentinel command.
+(control characters such as newlines, secrets) are refused before rendering (`check_job` checks
+the profile as it is at that moment), and the same template serves all three kinds.
+`tests/test_launchers.py` and `tests/test_hostile_profiles.py` check this with hostile strings
+under `bash -n` and by running the script with a sentinel command.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ the job into a script; `nemo_executor` gives Python users the same pyxis job as 
 from __future__ import annotations
 
 import copy
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from typing import Any
 from config.schema import TrainingConfig
 from config.tree import ConfigError
 from launchers.env import EnvPlan, plan_env
-from launchers.mounts import HOST_CHECKPOINT_FIELDS, check_text, parse_mounts, require_mounted
-from launchers.profile import Profile
+from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, require_mounted
+from launchers.profile import Profile, check_profile, check_run_name, control_problems
 
 ENTRY_MODULE = "training.entry"  # what every rank runs: python -m training.entry --config PATH
 
@@ -78,10 +79,12 @@ def slurm_job(
       margin before the limit (a backstop for a slow start or queue-time drift).
     - In a container, the run directory and any checkpoint directory must lie in a writable
       mount; the config then names them as the container sees them.
+    - The recipe's name names the Slurm job (and, by default, the run directory): one folder name.
     """
+    check_profile(profile)  # also a Profile built or changed in Python, before any value is used
+    check_run_name(cfg.name)
     cfg = copy.deepcopy(cfg)
     kind = profile.executor
-    margin_s = int(profile.exit_margin_minutes * 60)
     if cfg.train.exit_duration_minutes is None:
         cfg.train.exit_duration_minutes = profile.time_minutes - profile.exit_margin_minutes
     writable = {"logging.run_dir": run_dir}
@@ -99,11 +102,19 @@ def slurm_job(
     cfg.checkpoint.load_dir = inside.get("checkpoint.load_dir", cfg.checkpoint.load_dir)
     device = "cpu" if cfg.train.device == "cpu" else "cuda"
     env = plan_env(cfg, profile.fabric, profile.env, user_env)
-    job_dir = (
-        f"{profile.job_dir.rstrip('/')}/{run_dir.rstrip('/').rsplit('/', 1)[-1]}"
-        if profile.job_dir
-        else f"{run_dir}/slurm"
-    )
+    job_dir = f"{run_dir}/slurm"
+    if profile.job_dir:  # one folder per run under job_dir, named as the run directory
+        leaf = posixpath.basename(posixpath.normpath(run_dir))
+        if leaf in ("", ".", ".."):
+            raise ConfigError(
+                [
+                    (
+                        "logging.run_dir",
+                        f"{run_dir!r} has no folder name to name its folder under job_dir by; give a run directory such as /path/runs/my_run",
+                    )
+                ]
+            )
+        job_dir = f"{profile.job_dir.rstrip('/')}/{leaf}"
     job = SlurmJob(
         kind=kind,
         name=job_name(cfg.name),
@@ -115,7 +126,7 @@ def slurm_job(
         job_dir=job_dir,
         config_path=f"{cfg.logging.run_dir}/config.yaml",
         env=env,
-        signal_s=margin_s or None,
+        signal_s=profile.exit_margin_s,
     )
     check_job(job)
     return cfg, job
@@ -127,33 +138,19 @@ def job_name(name: str) -> str:
 
 
 def check_job(job: SlurmJob) -> None:
-    """Refuse what no generated script can carry: control characters in paths, bad mounts."""
-    p = job.profile
-    texts = {
-        "logging.run_dir": job.run_dir,
-        "job_dir": job.job_dir,
-        "config": job.config_path,
-        "container_image": p.container_image or "",
-        "workdir": p.workdir or "",
-        "venv": p.venv or "",
-        "account": p.account or "",
-        "partition": p.partition or "",
-        "qos": p.qos or "",
-        "reservation": p.reservation or "",
-        "constraint": p.constraint or "",
-        "mem": p.mem or "",
-    }
-    texts |= {f"env.{v.name}": v.value for v in job.env.defaults}
-    problems = [pr for field, text in texts.items() for pr in check_text(field, text)]
-    for i, flag in enumerate(p.sbatch_flags):
-        problems += check_text(f"sbatch_flags[{i}]", flag)
-        if not re.match(r"--[a-z][a-z0-9-]*(=.*)?\Z", flag):
-            problems.append(
-                (f"sbatch_flags[{i}]", f"'{flag}' is not one --option or --option=value")
-            )
+    """Refuse what no generated script can carry, before anything is rendered: every profile
+    value (check_profile), and control characters in the job's own paths and name."""
+    check_profile(job.profile)
+    run_dir_fix = "pick another logging.run_dir"
+    texts = [
+        ("logging.run_dir", job.run_dir, run_dir_fix),
+        ("job_dir", job.job_dir, "pick another job_dir in the profile, or another logging.run_dir"),
+        ("config", job.config_path, run_dir_fix),
+        ("name", job.name, "pick another name"),
+    ]
+    problems = [pr for key, text, fix in texts for pr in control_problems(key, text, fix)]
     if problems:
         raise ConfigError(problems)
-    parse_mounts(p.mounts)
 
 
 def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
@@ -247,6 +244,7 @@ def nemo_executor(job: SlurmJob) -> Any:
     the script, so export secrets in your shell rather than passing them in env_vars). Only the
     pyxis kind exists in NeMo-Run; the other two are rendered by `launchers.sbatch` alone.
     """
+    check_job(job)
     if job.kind != "slurm":
         raise ConfigError(
             [

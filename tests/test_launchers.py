@@ -286,11 +286,11 @@ FIELDS = ("mount", "run", "env", "name", "override", "job_dir", "image")
 def test_hostile_strings_never_run(kind: str, texts: dict[str, str]) -> None:
     """Quotes, $(...), backticks, newlines, ';' in every user-controlled value: the job is refused
     before rendering (a newline, or a mount separator), or the script parses, runs no sentinel
-    command and hands srun the exact values."""
+    command and hands srun the exact values. The sentinel is relative (the script runs in `tmp`)
+    so that it fits in a run name, which may not hold '/'."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        sentinel = tmp / "PWNED"
-        t = {k: v.replace("{s}", str(sentinel)) for k, v in texts.items()}
+        t = {k: v.replace("{s}", "PWNED") for k, v in texts.items()}
         mount, venv = tmp / f"m{t['mount']}", tmp / "venv"
         (venv / "bin").mkdir(parents=True)
         (venv / "bin" / "activate").write_text("")
@@ -312,7 +312,7 @@ def test_hostile_strings_never_run(kind: str, texts: dict[str, str]) -> None:
         event(f"rendered and ran ({kind})")
         assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
         argv, env = run_script(text, tmp)
-        assert not sentinel.exists()
+        assert not any(path.name == "PWNED" for path in tmp.rglob("*"))
         inside = (
             f"{run_dir}/config.yaml"
             if kind == "slurm-bare"
