@@ -226,3 +226,64 @@ def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> N
     assert event["checkpoint"] == str(save_dir / "iter_0000002")
     assert event["rejected"][0]["checkpoint"] == str(save_dir / "iter_0000004")
     assert step["step"] == 3 and "event" not in step
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 2.5 MB tmpfs: room for one checkpoint of the tiny model (1.6 MB), not two."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
+    one_rank: None,  # noqa: F811
+    small_disk: Path,
+    tmp_path: Path,
+) -> None:
+    save_dir = small_disk / "ckpt"
+    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
+    try:
+        with pytest.raises(OSError) as err:
+            trainer.train([ckpt])
+    finally:
+        trainer.close()
+    text = str(err.value)
+    assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
+    assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
+    assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+
+
+def test_a_run_that_finished_is_not_failed_by_its_last_write(
+    one_rank: None,  # noqa: F811
+    small_disk: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The disk fills up after the last step: the plot cannot be written, the run still ends."""
+
+    class FillTheDisk:
+        def after_step(self, trainer: Any, stopping: bool) -> None:
+            pass
+
+        def at_end(self, trainer: Any) -> None:
+            with open(small_disk / "filler", "wb") as f, pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+
+    trainer = trainer_for(tiny(small_disk / "run", max_steps=2))
+    try:
+        trainer.train([FillTheDisk()])
+    finally:
+        trainer.close()  # must not raise
+    err = capsys.readouterr().err
+    assert f"metrics: could not finish {small_disk / 'run' / 'training.png'}" in err
+    assert "No space left on device" in err

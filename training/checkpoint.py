@@ -37,13 +37,16 @@ and before its rename, so that tests can kill a job inside that window. Never se
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
+from torch.distributed.checkpoint.api import CheckpointException
 
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
@@ -51,6 +54,8 @@ from training import checkpoint_helpers
 from training import checkpoint_state as ckpt_state
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
+# What a failed read or write raises: torch's checkpoint errors are BaseExceptions.
+FAILURES = (Exception, CheckpointException)
 
 
 class Checkpointer:
@@ -182,7 +187,7 @@ class Checkpointer:
     def _try(load: Any, *args: Any) -> str | None:
         try:
             load(*args)
-        except Exception as err:  # whatever a damaged or foreign file makes a reader raise
+        except FAILURES as err:  # whatever a damaged or foreign file makes a reader raise
             return f"{type(err).__name__}: {err}"
         return None
 
@@ -248,6 +253,28 @@ class Checkpointer:
         step = self.step
         if step == self.last_saved_step:
             return  # e.g. at_end right after an interval save, or right after a resume
+        try:
+            self._save(step)
+        except FAILURES as err:
+            if not _disk_full(err, self.save_dir):
+                raise
+            raise OSError(errno.ENOSPC, self._disk_full_message(step)) from err
+        self.last_saved_step = step
+
+    def _disk_full_message(self, step: int) -> str:
+        try:
+            free = f"{shutil.disk_usage(self.save_dir).free / 2**30:.2f} GiB free"
+        except OSError:
+            free = "free space unknown"
+        latest = dirs.latest_checkpoint(self.save_dir)
+        kept = f"the newest complete checkpoint is still {latest}" if latest else "none is complete"
+        return (
+            f"No space left on device saving step {step} into checkpoint.save_dir="
+            f"{str(self.save_dir)!r} ({free}); {kept}. Free space there (checkpoint.keep_last "
+            "bounds what a run keeps) or point checkpoint.save_dir elsewhere, then run again to resume"
+        )
+
+    def _save(self, step: int) -> None:
         if self._async_queue is not None:
             self._async_queue.maybe_finalize_async_calls(blocking=True)  # one save in flight
         tmp = self.save_dir / (dirs.iter_name(step) + dirs.TMP_SUFFIX)
@@ -275,7 +302,6 @@ class Checkpointer:
         else:
             request.add_finalize_fn(lambda: self._publish(tmp, info))
             self._async_queue.schedule_async_request(request)
-        self.last_saved_step = step
 
     def _publish(self, tmp: Path, info: dict[str, Any]) -> None:
         """Every rank's shards are on disk: the ranks hash them, each a share; rank 0 writes
@@ -312,6 +338,31 @@ class Checkpointer:
         base = TorchDistSaveShardedStrategy(thread_count=2 if self.device == "cuda" else 1)
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         return FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether a full disk (or quota) is behind a failed save: in the error's chain, or, since
+    Megatron-Core's writer re-raises its workers' errors as bare class names, by writing 1 MiB
+    into `folder` now."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in FULL:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    probe = folder / f".space-probe.{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 2**20)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as probe_err:
+        return probe_err.errno in FULL
+    finally:
+        probe.unlink(missing_ok=True)
+    return False
 
 
 def _async_strategy() -> str:

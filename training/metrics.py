@@ -191,18 +191,29 @@ class MetricsLogger:
         self._bar.update(step - self._bar.n)
 
     def close(self) -> None:
-        """Flush and close everything, then plot loss and tokens/s to run_dir/training.png."""
+        """Flush and close everything, then plot loss and tokens/s to run_dir/training.png.
+
+        The run has trained (and saved) by now: a write that fails here (a full disk) is reported,
+        never turned into a failed run.
+        """
         if not self.is_writer or self._closed:
             return
         self._closed = True
         if self._bar is not None:
             self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-        if self._file is not None:
-            self._file.close()
+        for what, finish in (
+            ("TensorBoard's events", self._tb and self._tb.close),
+            ("the W&B run", self._wandb_run and self._wandb_run.finish),
+            (str(self.run_dir / METRICS_FILE), self._file and self._file.close),
+            (str(self.run_dir / PLOT_FILE), self._plot),
+        ):
+            try:
+                if finish:
+                    finish()
+            except OSError as err:
+                print(f"metrics: could not finish {what}: {err}", file=sys.stderr, flush=True)
+
+    def _plot(self) -> None:
         rows = read_metrics(self.run_dir / METRICS_FILE)
         if rows:
             plot_metrics(rows, self.run_dir / PLOT_FILE, title=self.cfg.name)
