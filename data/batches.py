@@ -8,6 +8,10 @@ always a whole number of global batches at a step boundary). A resumed run loads
 (`load_state_dict`) and continues with exactly the samples that follow, whatever the DataLoader
 had prefetched when the checkpoint was taken; at another world size too.
 
+Every microbatch's token and label ids are checked against the rows of the model's embedding
+before the step: a tensor-parallel embedding zeroes an id past them and the run would train on
+nothing, silently. The error names data.path, the sample and the id.
+
 Every rank of a data-parallel replica (all its TP and PP ranks) reads the same samples: the
 first pipeline stage needs the tokens, the last the labels and loss mask; reading them on every
 rank is cheaper than broadcasting them and keeps the microbatch streams of all stages aligned.
@@ -77,6 +81,11 @@ class SampledBatches:
         self.micro_batch_size = cfg.train.micro_batch_size
         self.dataset, self.dp_rank, self.dp_size = dataset, dp_rank, derived.data_parallel_size
         self.device = device
+        # Ids must index the embedding: a tensor-parallel one zeroes any other id silently.
+        self.embedding_rows, self.vocab_size = derived.padded_vocab_size, cfg.model.vocab_size
+        self.data_name = (
+            f"data.path={cfg.data.path!r}" if cfg.data.path else f"data.kind={cfg.data.kind}"
+        )
         # On the CPU the ranks already occupy every core: loader workers would only compete with them.
         self.workers = cfg.data.num_workers if device == "cuda" else 0
         self.pin_memory = cfg.data.pin_memory and device == "cuda"
@@ -114,8 +123,30 @@ class SampledBatches:
         if self._loader is None:
             self._loader = self._open()
         micro = [next(self._loader) for _ in range(self.num_microbatches)]
+        self._check_ids(micro)
         self.consumed_samples += self.global_batch_size
         return on_device(micro, self.device)
+
+    def _check_ids(self, micro: list[dict[str, torch.Tensor]]) -> None:
+        """ValueError naming the sample and the id when one is outside the embedding: one min/max
+        pass over each microbatch's tokens and labels on the CPU, small next to a step."""
+        rows = self.embedding_rows
+        for k, batch in enumerate(micro):
+            for key in ("tokens", "labels"):
+                lo, hi = (int(v) for v in torch.aminmax(batch[key]))
+                if lo >= 0 and hi < rows:
+                    continue
+                bad = hi if hi >= rows else lo
+                row = int((batch[key] == bad).any(dim=-1).int().argmax())
+                # DataParallelSampler's order: microbatch k of this rank, row `row` in it.
+                round_start = self.consumed_samples + k * self.micro_batch_size * self.dp_size
+                sample = round_start + self.dp_rank * self.micro_batch_size + row
+                raise ValueError(
+                    f"{self.data_name}: sample {sample} holds token id {bad} in its {key}, but "
+                    f"the model's embedding has {rows} rows (model.vocab_size={self.vocab_size}, "
+                    f"padded), so ids must lie in 0..{rows - 1}. The data does not match "
+                    "data.tokenizer or model.vocab_size: tokenize it with the model's tokenizer"
+                )
 
     def state_dict(self) -> dict[str, Any]:
         return {"consumed_samples": self.consumed_samples}

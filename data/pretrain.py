@@ -8,8 +8,16 @@ Caveats (megatron-core 0.19, read from its sources):
   its own datasets; with one, global rank 0 builds first (and writes the index caches), the others
   wait at a barrier of the default group and then read the caches. So every rank must call this,
   including those for which `is_built_on_rank()` is False (they get None back).
-- The index caches go to `cache_dir`, or by default to `<prefix>/cache/GPTDataset_indices` next to
-  the data, which must then be writable. Pass a run-local folder for read-only shared datasets.
+- The index caches go under `cache_dir`, or by default under `<first prefix>/cache/` next to the
+  data, which must then be writable (pass a run-local folder for read-only shared datasets), in a
+  folder `GPTDataset_indices-<key>` whose key hashes the path, size and mtime of every .bin and
+  .idx of the blend: a dataset regenerated in place gets new caches instead of Megatron's stale
+  ones (which it would trust, keyed as they are by the data's name and document count only). The
+  ranks must see the same files (one shared filesystem, or copies that keep their mtimes).
+- Before Megatron reads them, every local prefix is checked (data/indexed.py): its index against
+  its .bin, and its token ids against the rows of the model's embedding (free when the .bin's type
+  cannot hold a larger id, else one scan of the .bin, remembered in `<cache>/indexed_checks/`).
+  Global rank 0 checks first and fills that memo; the other ranks read it after a barrier.
 - `data.split` is ignored for mock data: Megatron splits its mock stream evenly ("1,1,1").
 - A sample holds seq_length + 1 tokens from the stream: `tokens` and `labels` are both seq_length
   long, shifted by one.
@@ -17,10 +25,13 @@ Caveats (megatron-core 0.19, read from its sources):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from config.blend import parse_blend
+from config.finalize import padded_vocab_size
+from data.indexed import IndexedDataError, file_key, inspect_indexed, locate_id
 
 if TYPE_CHECKING:
     from config.finalize import Derived
@@ -34,8 +45,6 @@ def _always() -> bool:
 
 def _check_prefixes(path: str, prefixes: list[str]) -> None:
     """Name data.path and the missing files before Megatron fails on an assert deep inside."""
-    import os
-
     for prefix in prefixes:
         if "://" in prefix:
             continue  # object storage (s3://, msc://): Megatron reads and checks those itself
@@ -47,6 +56,64 @@ def _check_prefixes(path: str, prefixes: list[str]) -> None:
                 "`python -m data.jsonl_to_indexed --input x.jsonl --tokenizer tok.json "
                 f"--output-prefix {prefix} --append-eod`"
             )
+
+
+def _cache_base(prefixes: list[str], cache_dir: str | None) -> str | None:
+    """The folder the caches go under: `cache_dir`, else `<first local prefix>/cache`."""
+    local = [p for p in prefixes if "://" not in p]
+    return cache_dir or (os.path.join(local[0], "cache") if local else None)
+
+
+def index_cache_dir(prefixes: list[str], cache_dir: str | None) -> str | None:
+    """Megatron's `path_to_cache`: a folder keyed by the data files' path, size and mtime."""
+    base = _cache_base(prefixes, cache_dir)
+    if base is None:
+        return None  # object storage only: Megatron's own default
+    files = [p if "://" in p else p + ext for p in prefixes for ext in (".bin", ".idx")]
+    return os.path.join(base, f"GPTDataset_indices-{file_key(files)}")
+
+
+def check_indexed_data(cfg: TrainingConfig, prefixes: list[str], cache_dir: str | None) -> None:
+    """IndexedDataError for a prefix whose .idx does not describe its .bin, or whose token ids do
+    not fit the model's embedding (tensor-parallel embeddings zero such ids, so the run would
+    train on nothing, its loss stuck near ln(vocab)). Every rank calls it; rank 0 first."""
+    import torch.distributed as dist
+
+    m = cfg.model
+    tp = cfg.parallel.tensor_model_parallel_size
+    rows = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    base = _cache_base(prefixes, cache_dir)
+    memo = os.path.join(base, "indexed_checks") if base else None
+
+    def check() -> None:
+        for prefix in prefixes:
+            if "://" not in prefix:  # object storage is Megatron's to stream
+                _check_prefix_ids(cfg, prefix, rows, memo)
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        check()
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 has scanned and written the memo: the others read it
+        if not rank0:
+            check()
+
+
+def _check_prefix_ids(cfg: TrainingConfig, prefix: str, rows: int, memo: str | None) -> None:
+    facts = inspect_indexed(prefix, id_bound=rows, cache_dir=memo)
+    if facts.max_id is None or (facts.min_id >= 0 and facts.max_id < rows):
+        return  # None: the .bin's type cannot hold an id >= rows
+    bad, position, document = locate_id(prefix, facts, rows)
+    m = cfg.model
+    raise IndexedDataError(
+        f"data.path={cfg.data.path!r}: {prefix}.bin holds token id {bad} (token {position}, "
+        f"document {document}; its ids run {facts.min_id}..{facts.max_id}), but the model's "
+        f"embedding has {rows} rows (model.vocab_size={m.vocab_size} padded to a multiple of "
+        f"{m.make_vocab_size_divisible_by} x TP {cfg.parallel.tensor_model_parallel_size}), so "
+        f"ids must lie in 0..{rows - 1}. Data tokenized with a larger tokenizer than "
+        f"data.tokenizer={cfg.data.tokenizer!r} does this: tokenize it again with that one, or "
+        "set model.vocab_size to the size of the tokenizer that made the data"
+    )
 
 
 def build_pretrain_datasets(
@@ -65,8 +132,9 @@ def build_pretrain_datasets(
     `tokenizer` is what `data.tokenizer.build_tokenizer(cfg)` returns. `is_built_on_rank` says
     whether this rank reads data at all (Megatron-LM: TP rank 0 on the first and last pipeline
     stages); it must be True on global rank 0. A split with 0 requested samples, or weight 0 in
-    data.split, comes back as None; others hold at least the requested samples (whole epochs). `create_attention_mask` is off because a causal model builds its mask itself; on, every
-    sample carries a seq_length x seq_length bool mask (64 MiB at 8k tokens).
+    data.split, comes back as None; others hold at least the requested samples (whole epochs).
+    `create_attention_mask` is off because a causal model builds its mask itself; on, every sample
+    carries a seq_length x seq_length bool mask (64 MiB at 8k tokens).
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
@@ -75,13 +143,14 @@ def build_pretrain_datasets(
 
     data = cfg.data
     if data.kind == "mock":
-        blend, dataset_cls = None, MockGPTDataset
+        blend, dataset_cls, path_to_cache = None, MockGPTDataset, cache_dir
     elif data.kind == "indexed":
         if not data.path:
             raise ValueError("data.kind='indexed' needs data.path (a prefix or a weighted blend)")
         blend = parse_blend(data.path)
         _check_prefixes(data.path, blend[0])
         dataset_cls = GPTDataset
+        path_to_cache = index_cache_dir(blend[0], cache_dir)
     else:
         raise ValueError(
             f"data.kind={data.kind!r} is not a pretraining dataset here; build_pretrain_datasets "
@@ -96,13 +165,15 @@ def build_pretrain_datasets(
     for name, n in (("train", train_samples), ("valid", valid_samples), ("test", test_samples)):
         if n < 0:
             raise ValueError(f"{name}_samples must be >= 0, got {n}")
+    if blend is not None:
+        check_indexed_data(cfg, blend[0], cache_dir)
 
     config = GPTDatasetConfig(
         random_seed=data.seed,
         sequence_length=cfg.model.seq_length,
         blend=blend,
         split=data.split if blend is not None else None,
-        path_to_cache=cache_dir,
+        path_to_cache=path_to_cache,
         tokenizer=tokenizer,
         # Documents are concatenated into samples; positions and attention run across their
         # boundaries as in Megatron-LM's defaults.

@@ -8,6 +8,10 @@ rather than to repeat the question. A pair longer than model.seq_length + 1 toke
 its response; one whose prompt leaves no room for a response token is skipped, and the count is
 printed on the first rank.
 
+Errors: every line is read and tokenized when the dataset is built, before the first step. A line
+that is not UTF-8, not a JSON object with string prompt and response, or whose response is empty,
+and a .gz cut short, are SFTDataErrors naming the file and the line.
+
 Rows: without `data.sequence_packing` every sample is one row, padded to seq_length (the pad carries
 no loss and comes after the text, so causal attention never lets the text see it). With packing,
 whole samples fill rows best-fit; position ids restart at each sample and each row carries
@@ -28,10 +32,11 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,10 +64,32 @@ class Pair:
     prompt_len: int
 
 
-def _open(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(number, text) of every line; one that is not UTF-8, or a .gz that is cut short or
+    corrupt, is an SFTDataError naming the file and the line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    number = 0
+    with opener(path, "rb") as f:
+        lines = iter(f)
+        while True:
+            try:
+                raw = next(lines)
+            except StopIteration:
+                return
+            except (EOFError, OSError, zlib.error) as err:  # gzip: truncated, or not gzip at all
+                raise SFTDataError(
+                    f"{path}:{number + 1}: cannot read past line {number} ({err}); the file is "
+                    "truncated or corrupt: write (or compress) it again"
+                ) from None
+            number += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise SFTDataError(
+                    f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at byte "
+                    f"{err.start + 1} of the line); convert the file, e.g. iconv -f latin1 -t utf-8"
+                ) from None
+            yield number, text
 
 
 def _pick(obj: dict, keys: Sequence[str], path: Path, line: int) -> str:
@@ -80,40 +107,52 @@ def _pick(obj: dict, keys: Sequence[str], path: Path, line: int) -> str:
     )
 
 
-def read_pairs(path: str | Path) -> Iterator[tuple[str, str]]:
-    """(prompt, response) of every non-blank line; a bad line is an error naming file and line."""
+def read_pairs(path: str | Path) -> Iterator[tuple[int, str, str]]:
+    """(line, prompt, response) of every non-blank line; a bad line is an SFTDataError naming
+    the file and the line."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(
             f"data.path={str(path)!r} is not a file; data.kind=sft reads a JSONL file of "
             '{"prompt": ..., "response": ...} lines'
         )
-    with _open(p) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SFTDataError(f"{p}:{number}: not JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise SFTDataError(f"{p}:{number}: a line must be a JSON object")
-            yield _pick(obj, PROMPT_KEYS, p, number), _pick(obj, RESPONSE_KEYS, p, number)
+    for number, line in _lines(p):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SFTDataError(f"{p}:{number}: not JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise SFTDataError(f"{p}:{number}: a line must be a JSON object")
+        prompt, response = _pick(obj, PROMPT_KEYS, p, number), _pick(obj, RESPONSE_KEYS, p, number)
+        if not response.strip():
+            raise SFTDataError(
+                f"{p}:{number}: the response is empty, so the pair teaches nothing but to stop; "
+                "fill it in or drop the line"
+            )
+        yield number, prompt, response
 
 
 def tokenize_pairs(
-    pairs: Iterator[tuple[str, str]], tokenizer: Any, max_tokens: int
+    pairs: Iterator[tuple[int, str, str]], tokenizer: Any, max_tokens: int, path: str
 ) -> tuple[list[Pair], int]:
-    """Token ids of every pair, cut to `max_tokens`; also how many pairs had no room to answer."""
+    """Token ids of every (line, prompt, response), cut to `max_tokens`; also how many pairs had
+    no room to answer. A pair that gives no token is an SFTDataError naming `path` and its line."""
     out: list[Pair] = []
     skipped = 0
-    batch: list[tuple[str, str]] = []
+    batch: list[tuple[int, str, str]] = []
 
     def flush() -> None:
         nonlocal skipped
-        prompts = tokenizer.tokenize_batch([p for p, _ in batch])
-        responses = tokenizer.tokenize_batch([r for _, r in batch], add_special_tokens=False)
-        for prompt, response in zip(prompts, responses, strict=True):
+        prompts = tokenizer.tokenize_batch([p for _, p, _ in batch])
+        responses = tokenizer.tokenize_batch([r for _, _, r in batch], add_special_tokens=False)
+        for (line, _, _), prompt, response in zip(batch, prompts, responses, strict=True):
+            if not response:
+                raise SFTDataError(
+                    f"{path}:{line}: the response gives no token with data.tokenizer; fill it in "
+                    "or drop the line"
+                )
             if len(prompt) >= max_tokens:
                 skipped += 1
                 continue
@@ -185,7 +224,11 @@ class SFTDataset(Dataset):
         self.packing = packing
         self.pad = tokenizer.eod  # any valid id: pad positions carry no loss
         # A sample of n ids gives n - 1 (input, label) positions; a row holds seq_length of them.
-        pairs, self.skipped = tokenize_pairs(read_pairs(path), tokenizer, seq_length + 1)
+        pairs, self.skipped = tokenize_pairs(
+            read_pairs(path), tokenizer, seq_length + 1, str(Path(path).expanduser())
+        )
+        if not pairs and not self.skipped:
+            raise SFTDataError(f"data.path={path!r} holds no prompt/response pair: it is empty")
         if not pairs:
             raise SFTDataError(
                 f"data.path={path!r} holds no usable prompt/response pair "

@@ -12,6 +12,9 @@ and the missing path:
   directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
   container through the profile's mounts, which map them back to the host to look at, except
   checkpoint.load_dir, which the Slurm launcher takes as a host path and maps in itself.
+- data.tokenizer must fit the model: a tokenizer with more ids than model.vocab_size is refused
+  (ids past the embedding train silently on nothing under tensor parallelism). Its size is read
+  from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch.
 - What cannot be seen from here is left to the job: a path inside the container image (no mount
   covers it), a relative path in a container without `workdir`, or a filesystem this machine does
   not have at all (the path's first component is missing, e.g. a compute node's local /raid).
@@ -25,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from config.registry import data_kind
 from config.schema import TrainingConfig
 from config.tree import ConfigError
+from data.tokenizer import tokenizer_size
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
 
@@ -83,5 +87,23 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
                 "after its wait in the queue). Fix the path, or create it first",
             )
         )
+    problems += _tokenizer_fits(cfg, profile, cwd)
     if problems:
         raise ConfigError(problems)
+
+
+def _tokenizer_fits(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:
+    """A problem when data.tokenizer emits ids that model.vocab_size leaves out of the model."""
+    given, vocab = cfg.data.tokenizer, cfg.model.vocab_size
+    here = _where_to_look("data.tokenizer", given, profile, cwd) if given else None
+    size = tokenizer_size(here) if here is not None and here.exists() else None
+    if size is None or size <= vocab:
+        return []
+    return [
+        (
+            "data.tokenizer",
+            f"{given} has {size} ids but model.vocab_size={vocab}: ids {vocab}..{size - 1} "
+            "would fall outside the model's vocabulary. Use the model's own tokenizer, or raise "
+            f"model.vocab_size to at least {size} (a model trained from scratch)",
+        )
+    ]

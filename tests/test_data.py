@@ -210,7 +210,11 @@ def test_pretrain_datasets_indexed(corpus: dict, tmp_path: Path, process_group: 
     text, _, _ = train._query_document_sample_shuffle_indices(0)
     assert len(text) == SEQ + 1  # seq_length + 1 tokens drawn from the stream
     assert int(max(train[i]["tokens"].max() for i in range(len(train)))) < tok.vocab_size
-    assert list((tmp_path / "cache").glob("*GPTDataset-train-shuffle_index.npy"))
+    # Under a folder keyed by the data files' size and mtime; the id check's memo beside it.
+    assert list(
+        (tmp_path / "cache").glob("GPTDataset_indices-*/*GPTDataset-train-shuffle_index.npy")
+    )
+    assert len(list((tmp_path / "cache" / "indexed_checks").glob("docs-*.json"))) == 1
 
     # A weighted blend of two prefixes: exactly the requested number of samples.
     cfg.data.path = f"0.7 {corpus['prefix']} 0.3 {corpus['prefix']}"

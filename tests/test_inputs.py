@@ -3,6 +3,7 @@ anything is launched or queued; what this machine cannot see is left to the job.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,49 @@ def test_containers_are_looked_into_through_the_mounts(tmp_path: Path) -> None:
 def test_a_filesystem_this_machine_lacks_is_left_to_the_job(tmp_path: Path) -> None:
     cfg = cfg_with("checkpoint.load_dir=/no-such-fs-here/runs/x/checkpoints")
     assert problems(cfg, LOCAL, tmp_path) == []
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
+    from data.make_tokenizer import train_bpe_tokenizer
+    from data.tokenizer import load_tokenizer
+
+    tok = train_bpe_tokenizer(
+        texts=["a tokenizer of some size"] * 5, vocab_size=300, out=tmp_path / "t.json"
+    )
+    size = load_tokenizer(tok).vocab_size
+    (tmp_path / "train.jsonl").write_text("")
+    sft = ("data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={tok}")
+    [(field, message)] = problems(cfg_with(*sft, f"model.vocab_size={size - 1}"), LOCAL, tmp_path)
+    assert field == "data.tokenizer"
+    assert f"{tok} has {size} ids but model.vocab_size={size - 1}" in message
+    assert f"raise model.vocab_size to at least {size}" in message
+    assert problems(cfg_with(*sft, f"model.vocab_size={size}"), LOCAL, tmp_path) == []
+    # An HF folder: tokens that tokenizer_config.json adds count too.
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(tok.read_text())
+    added = {"added_tokens_decoder": {str(size + 9): {"content": "<|tool|>", "special": True}}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(added))
+    hf = cfg_with(*sft[:2], f"data.tokenizer={folder}", f"model.vocab_size={size}")
+    [(field, message)] = problems(hf, LOCAL, tmp_path)
+    assert f"has {size + 10} ids" in message
+
+
+def test_the_tokenizer_check_imports_no_torch(tmp_path: Path) -> None:
+    """check_inputs runs on a login node before the queue: reading the tokenizer takes no torch."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from data.make_tokenizer import train_bpe_tokenizer\n"
+        "from launchers.inputs import check_inputs\n"
+        "from launchers.profile import Profile\n"
+        "from tests.test_inputs import cfg_with\n"
+        f"out = Path({str(tmp_path)!r}) / 't.json'\n"
+        "tok = train_bpe_tokenizer(texts=['a b c'] * 3, vocab_size=300, out=out)\n"
+        "check_inputs(cfg_with(f'data.tokenizer={tok}'), Profile(executor='local'), Path('.'))\n"
+        "print('HEAVY', [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("dryrun", [True, False])

@@ -6,6 +6,7 @@ attention is checked against the same samples run one by one through the SDPA co
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -130,6 +131,31 @@ def test_bad_lines_name_file_and_line(tmp_path: Path, line: str, words: str) -> 
     assert f"{path}:2" in str(err.value)
 
 
+def test_undecodable_and_cut_files_name_file_and_line(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(
+        json.dumps(PAIRS[0]).encode() + b'\n{"prompt": "caf\xe9", "response": "x"}\n'
+    )
+    with pytest.raises(SFTDataError, match=r"latin1\.jsonl:2: not UTF-8 \(byte 0xe9 at byte 16"):
+        list(read_pairs(latin1))
+    whole = gzip.compress(b"".join(json.dumps(p).encode() + b"\n" for p in PAIRS))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # an interrupted copy
+    with pytest.raises(SFTDataError, match=r"cut\.jsonl\.gz:\d+: cannot read past line \d+"):
+        list(read_pairs(cut))
+    plain = tmp_path / "plain.jsonl.gz"  # named .gz, never compressed
+    write_jsonl(plain, PAIRS[:2])
+    with pytest.raises(SFTDataError, match=r"plain\.jsonl\.gz:1: cannot read past line 0"):
+        list(read_pairs(plain))
+
+
+@pytest.mark.parametrize("pair", [{"prompt": "", "response": ""}, {"prompt": "q", "response": " "}])
+def test_an_empty_response_fails_when_the_dataset_is_built(tmp_path: Path, tok, pair) -> None:
+    path = write_jsonl(tmp_path / "e.jsonl", [PAIRS[0], pair, PAIRS[1]])
+    with pytest.raises(SFTDataError, match=rf"{path}:2: the response is empty"):
+        dataset(path, tok, packing=False)  # before the first step, not when its batch comes
+
+
 def test_missing_file_names_data_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="data.path"):
         list(read_pairs(tmp_path / "nope.jsonl"))
@@ -138,7 +164,7 @@ def test_missing_file_names_data_path(tmp_path: Path) -> None:
 def test_input_output_keys_and_blank_lines(tmp_path: Path) -> None:
     path = tmp_path / "io.jsonl"
     path.write_text('{"input": "q", "output": "a"}\n\n{"prompt": "p", "response": "r"}\n')
-    assert list(read_pairs(path)) == [("q", "a"), ("p", "r")]
+    assert list(read_pairs(path)) == [(1, "q", "a"), (3, "p", "r")]
 
 
 def test_block_mask_keeps_packed_samples_apart() -> None:
