@@ -285,7 +285,8 @@ class Checkpointer:
         states = {name: obj.state_dict() for name, obj in self.states.items()}
         info = ckpt_state.train_state(self.cfg, states)
         ckpt_state.sync_params_for_save(self.model)
-        checkpoint_helpers.results_queue()  # a writer helper that outlives the exit signals
+        # A writer helper that outlives the exit signals.
+        checkpoint_helpers.results_queue(self._async_strategy)
         sharding = info["dist_optimizer_sharding"]
         request = dist_checkpointing.save(
             ckpt_state.sharded_state_dict(self.model, self.optimizer, sharding, False),

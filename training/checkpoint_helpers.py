@@ -12,7 +12,8 @@ chain loses every step since the last interval save.
 `results_queue()` starts that helper the way it has to live: the exit signals ignored (blocked in the
 rank while the interpreter starts, then ignored by the helper itself) and ended by the kernel when
 its rank dies (PR_SET_PDEATHSIG), so ignoring signals never leaves it behind as an orphan. It hands
-the queue to Megatron-Core before its first save, and starts a new helper when the old one is gone
+the queue to Megatron-Core (and to NVRx's writer, which keeps a queue of its own) before the first
+save, and starts a new helper when the old one is gone
 all the same (e.g. SIGKILL). This is glue Megatron-Core lacks: its writer takes neither a queue nor a
 process factory.
 """
@@ -20,16 +21,24 @@ process factory.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 from multiprocessing.managers import SyncManager
+from typing import Any
 
 # The exit signals of training/stop.py, and SIGINT (a Ctrl-C reaches the whole foreground group).
 SHIELDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
 
 _manager: SyncManager | None = None
+# The writer modules that keep such a queue: Megatron-Core's, and NVRx's (its asynchronous writer).
+WRITERS = {
+    "mcore": "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
+}
 
 
 def _shield(parent: int) -> None:
@@ -50,12 +59,17 @@ def alive() -> bool:
     return _manager is not None and _manager._process.is_alive()  # noqa: SLF001
 
 
-def results_queue() -> None:
-    """Give Megatron-Core's writer a results queue whose helper survives the exit signals."""
-    global _manager
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
+def _writers(strategy: str) -> list[Any]:
+    names = [WRITERS["mcore"]] + ([WRITERS[strategy]] if strategy != "mcore" else [])
+    return [importlib.import_module(name) for name in names]
 
-    if alive() and filesystem_async._results_queue is not None:
+
+def results_queue(strategy: str = "mcore") -> None:
+    """Give the checkpoint writer (Megatron-Core's, and NVRx's with `strategy="nvrx"`) a results
+    queue whose helper survives the exit signals."""
+    global _manager
+    writers = _writers(strategy)
+    if alive() and all(w._results_queue is not None for w in writers):
         return
     manager = SyncManager(ctx=mp.get_context("spawn"))
     # Blocked while the interpreter starts (the mask is inherited), so a signal in that window
@@ -66,16 +80,19 @@ def results_queue() -> None:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     _manager = manager
-    filesystem_async._results_queue = manager.Queue()
+    queue = manager.Queue()
+    for writer in writers:
+        writer._results_queue = queue
 
 
 def stop() -> None:
     """End the helper (the run is over); the next run in this process starts its own."""
     global _manager
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
     if _manager is not None:
-        filesystem_async._results_queue = None
+        for name in WRITERS.values():
+            writer = sys.modules.get(name)
+            if writer is not None:
+                writer._results_queue = None
         if _manager._process.is_alive():  # noqa: SLF001
             _manager.shutdown()
         _manager = None
