@@ -6,6 +6,8 @@ that all three read them the same way.
 
 from __future__ import annotations
 
+import math
+
 
 def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
     """data.path -> Megatron blend: "prefix", "p1 p2 ..." or "w1 p1 w2 p2 ..." (weights first)."""
@@ -29,16 +31,24 @@ def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
             "(e.g. '0.7 /data/web 0.3 /data/code')"
         )
     w = [float(x) for x in weights]
-    if any(x < 0 for x in w) or sum(w) <= 0:
-        raise ValueError(f"data.path={path!r}: blend weights must be non-negative, not all zero")
+    if not _weights(w):
+        raise ValueError(
+            f"data.path={path!r}: blend weights must be finite and non-negative, not all zero"
+        )
     return prefixes, w
 
 
 def split_weights(split: str) -> list[float]:
     """data.split ("969,30,1", or with "/") as [train, validation, test] weights, missing ones 0.
 
-    ValueError for anything but one to three non-negative numbers with a positive sum."""
+    ValueError for anything but one to three finite, non-negative numbers with a positive sum."""
     weights = [float(w) for w in split.replace("/", ",").split(",")]
-    if not 1 <= len(weights) <= 3 or min(weights) < 0 or sum(weights) <= 0:
-        raise ValueError(f"data.split={split!r}: not 1 to 3 non-negative weights")
+    if not 1 <= len(weights) <= 3 or not _weights(weights):
+        raise ValueError(f"data.split={split!r}: not 1 to 3 finite, non-negative weights")
     return weights + [0.0] * (3 - len(weights))
+
+
+def _weights(weights: list[float]) -> bool:
+    """Finite, non-negative, with a finite positive sum: what can be normalised into fractions."""
+    total = sum(weights)
+    return all(w >= 0 for w in weights) and 0 < total < math.inf

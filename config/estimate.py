@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
 from config.schema import ModelConfig, TrainingConfig
+from config.tree import in_range
 
 GIB = 2**30
 # What no tensor accounts for: the CUDA context and kernels (~0.6 GiB on H100 with lazy loading),
@@ -145,10 +146,10 @@ def _vision_params(m: ModelConfig) -> tuple[int, int]:
 
 
 def _vocab(cfg: TrainingConfig) -> int:
-    m = cfg.model
-    return padded_vocab_size(
-        m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size
-    )
+    m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if not in_range(cfg.parallel, "tensor_model_parallel_size"):
+        return m.vocab_size  # `recipes check` names the TP, and still reports the FLOPs
+    return padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
 
 
 def _num_dense_layers(m: ModelConfig) -> int:
@@ -290,10 +291,11 @@ def _in_flight(pp: int, vpp: int, rank: int, microbatches: int) -> list[int]:
     if vpp == 1:
         return [min(pp - rank, microbatches)]
     forwards = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
-    counts = [0] * vpp
-    for k in range(forwards):  # Megatron runs groups of PP microbatches through each stage in turn
-        counts[(k // pp) % vpp] += 1
-    return counts
+    # Megatron runs groups of PP microbatches through each stage in turn: forward k goes to stage
+    # (k // PP) % VPP. Whole rounds of PP x VPP forwards give every stage PP; the rest fills the
+    # stages in order.
+    rounds, rest = divmod(forwards, pp * vpp)
+    return [rounds * pp + min(max(rest - stage * pp, 0), pp) for stage in range(vpp)]
 
 
 def estimate_memory(

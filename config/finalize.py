@@ -2,33 +2,39 @@
 
 Nothing derived is ever stored in a recipe, so an override can never leave a stale value behind.
 `finalize` never raises: a value that cannot be derived (a data-parallel size that is not whole) is
-None here, and `config.rules.validate` reports why.
+None here, and `config.rules.validate` reports why. Nothing is derived from a number outside its
+range (config/schema.py) either: 0 would divide by zero, 2**31 layers would fill the memory, and
+None or a string set in Python would not compute; the checker names the number instead.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from config import layout as layouts
 from config.hardware import Cluster
 from config.precision import PRESETS, PrecisionPreset
 from config.schema import TrainingConfig
+from config.tree import in_range, out_of_range
 
 
 @dataclass(frozen=True, slots=True)
 class Derived:
     world_size: int
-    model_parallel_size: int  # TP x PP x CP: the ranks that together hold one model replica
+    # None in any field below also means: derived from a number outside its range.
+    model_parallel_size: int | None  # TP x PP x CP: the ranks that together hold one model replica
     data_parallel_size: int | None  # None when the world does not divide into whole replicas
     num_microbatches: int | None  # per step and data-parallel rank
     expert_data_parallel_size: int | None
-    expert_tensor_parallel_size: int
+    expert_tensor_parallel_size: int | None
     # One chunk of layer characters per (vp_stage * PP + pp_rank); None when no split exists.
     pipeline_chunks: list[list[str]] | None
     # The string handed to Megatron-Core: None for the even split it derives by itself.
     pipeline_layout: str | None
     decoder_layers_per_rank: list[int] | None
-    padded_vocab_size: int
+    padded_vocab_size: int | None
     preset: PrecisionPreset | None  # None for an unknown preset name
 
 
@@ -51,7 +57,9 @@ def pipeline_chunks(cfg: TrainingConfig) -> tuple[list[list[str]] | None, str | 
             ), par.pipeline_model_parallel_layout
         except ValueError:
             return None, par.pipeline_model_parallel_layout
-    if pp < 1 or (vpp is not None and vpp < 1):
+    # One list entry per layer: 2**31 layers would take the login node's 16 GiB.
+    counts = ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size")
+    if not (in_range(model, "num_layers", "mtp_num_layers") and in_range(par, *counts)):
         return None, None
     num_chunks = pp * (vpp or 1)
     if model.num_layers % num_chunks == 0:
@@ -64,38 +72,50 @@ def pipeline_chunks(cfg: TrainingConfig) -> tuple[list[list[str]] | None, str | 
     return chunks, (layouts.render(chunks) if chunks else None)
 
 
+def _valid(node: Any, name: str) -> Any:
+    """A field's value, or None when it lies outside its range."""
+    value = getattr(node, name)
+    return None if out_of_range(type(node), name, value) else value
+
+
+def _product(*counts: int | None) -> int | None:
+    return None if None in counts else math.prod(counts)
+
+
+def _whole(total: int, part: int | None) -> int | None:
+    """total / part when that is a whole number of at least 1."""
+    return total // part if part and total > 0 and total % part == 0 else None
+
+
 def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
-    par = cfg.parallel
+    par, model, train = cfg.parallel, cfg.model, cfg.train
     world = cluster.world_size
-    tp, pp, cp = (
-        par.tensor_model_parallel_size,
-        par.pipeline_model_parallel_size,
-        par.context_parallel_size,
-    )
-    model_parallel = tp * pp * cp
-    dp = (
-        world // model_parallel
-        if model_parallel > 0 and world > 0 and world % model_parallel == 0
-        else None
-    )
+    tp = _valid(par, "tensor_model_parallel_size")
+    pp = _valid(par, "pipeline_model_parallel_size")
+    cp = _valid(par, "context_parallel_size")
+    ep = _valid(par, "expert_model_parallel_size")
+    model_parallel = _product(tp, pp, cp)
+    dp = _whole(world, model_parallel)
+    per_step = _product(_valid(train, "micro_batch_size"), dp)
+    microbatches = _whole(_valid(train, "global_batch_size") or 0, per_step)
 
-    microbatches = None
-    per_step = cfg.train.micro_batch_size * dp if dp else 0
-    if per_step > 0 and cfg.train.global_batch_size % per_step == 0:
-        microbatches = cfg.train.global_batch_size // per_step
-
-    etp = par.expert_tensor_parallel_size or tp
+    etp = (
+        tp
+        if par.expert_tensor_parallel_size is None
+        else _valid(par, "expert_tensor_parallel_size")
+    )
     # Expert layers regroup the same ranks: EP x ETP x expert-DP x PP = world.
-    expert_group = etp * par.expert_model_parallel_size * pp
-    edp = (
-        world // expert_group
-        if expert_group > 0 and world > 0 and world % expert_group == 0
-        else None
-    )
+    edp = _whole(world, _product(etp, ep, pp))
 
     chunks, layout = pipeline_chunks(cfg)
     per_rank = (
-        layouts.decoder_layers_per_rank(chunks, pp) if chunks and len(chunks) % pp == 0 else None
+        layouts.decoder_layers_per_rank(chunks, pp)
+        if chunks and pp and len(chunks) % pp == 0
+        else None
+    )
+    vocab, divisible_by = _valid(model, "vocab_size"), _valid(model, "make_vocab_size_divisible_by")
+    padded = (
+        None if None in (vocab, divisible_by, tp) else padded_vocab_size(vocab, divisible_by, tp)
     )
     return Derived(
         world_size=world,
@@ -107,8 +127,6 @@ def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
         pipeline_chunks=chunks,
         pipeline_layout=layout,
         decoder_layers_per_rank=per_rank,
-        padded_vocab_size=padded_vocab_size(
-            cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, tp
-        ),
+        padded_vocab_size=padded,
         preset=PRESETS.get(cfg.precision),
     )

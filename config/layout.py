@@ -10,14 +10,34 @@ from __future__ import annotations
 
 import re
 
+from config.schema import MAX_LAYERS
+
 _CHARS = {"E", "L", "t", "m"}
+# The most characters a layout may expand to: every layer and MTP layer of the largest model the
+# schema allows, a "|" after each, and room to spare. "(t|)*99999999999" is refused, not expanded.
+_MAX_CHARS = 8 * MAX_LAYERS
 
 
 def parse(layout: str) -> list[list[str]]:
     """Split a layout string into chunks of layer characters, as Megatron-Core reads it."""
     text = layout.replace(",", "").replace(" ", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    budget = _MAX_CHARS - len(text)  # what the repeats may still add
+
+    def repeat(match: re.Match[str]) -> str:
+        nonlocal budget
+        unit, times = match.group(1), match.group(2).lstrip("0") or "0"
+        budget -= len(unit) * int(times) if len(times) < 10 else _MAX_CHARS + 1
+        if budget < 0:
+            raise ValueError(
+                f"expands past {_MAX_CHARS} characters, more than a model of "
+                f"model.num_layers <= {MAX_LAYERS} has; check the repeat counts (the '*N')"
+            )
+        return unit * int(times)
+
+    if budget < 0:
+        raise ValueError(f"is longer than {_MAX_CHARS} characters, more than any model has")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", repeat, text)
+    text = re.sub(r"(.)\*(\d+)", repeat, text)
     chunks = [list(chunk) for chunk in text.split("|")]
     bad = sorted({c for chunk in chunks for c in chunk} - _CHARS)
     if bad:
@@ -90,5 +110,5 @@ def decoder_layers_per_rank(chunks: list[list[str]], pp: int) -> list[int]:
     """Transformer layers (t and m) held by each pipeline rank, over all its virtual stages."""
     per_rank = [0] * pp
     for index, chunk in enumerate(chunks):
-        per_rank[index % pp] += sum(1 for c in chunk if c in "tm")
+        per_rank[index % pp] += chunk.count("t") + chunk.count("m")
     return per_rank

@@ -12,11 +12,13 @@ same reason this module does not use `from __future__ import annotations`: NeMo-
 real types, not strings.
 
 A string with a fixed set of values is a `Literal[...]` (NeMo-Run's parser checks those too); one
-whose values live in a registry carries `one_of` metadata. `config.tree` refuses any other value
-at override time, with the closest valid one, and the checker (config/rules/choices.py) does the
+whose values live in a registry carries `one_of` metadata. Every number carries `within` metadata:
+its valid range. `config.tree` refuses any other value at override time (with the closest valid
+choice, or the range), and the checker (config/rules/choices.py, config/rules/ranges.py) does the
 same for values a recipe set in Python. Both read the valid values from here.
 """
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional  # see the module docstring: not X | None
@@ -31,18 +33,98 @@ def one_of(choices: Callable[[], Iterable[str]]) -> dict[str, Any]:
     return {"one_of": choices}
 
 
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The valid values of a number: finite, from `low` to `high`; an open end is itself refused."""
+
+    low: float
+    high: float = math.inf  # inf: any finite number from `low` up
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""  # what an edge value means, e.g. "0 turns clipping off"
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
+
+    def refuses(self, value: Any, integer: bool) -> str | None:
+        """Why `value` is not a valid number of this range (an integer one if `integer`), or None."""
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = is_number and (isinstance(value, int) or (not integer and math.isfinite(value)))
+        if ok:
+            above = self.low < value if self.low_open else self.low <= value
+            below = value < self.high if self.high_open else value <= self.high
+            if above and below:
+                return None
+        what = "an integer" if integer else "a finite number"
+        note = f" ({self.note})" if self.note else ""
+        # Python refuses to print an int of over 4,300 digits; its size is what matters here.
+        huge = isinstance(value, int) and value.bit_length() > 128
+        got = f"a {value.bit_length()}-bit integer" if huge else repr(value)
+        return f"must be {what} {self}{note}, got {got}"
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def within(
+    low: float,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    note: str = "",
+) -> dict[str, Any]:
+    """Field metadata for a number: finite and within [low, high] (an open end excludes itself)."""
+    return {"range": Range(low, high, low_open, high_open, note)}
+
+
+# Upper bounds far above any published model, so that a slip (an extra zero or three) is refused on
+# the login node, before it asks a GPU for exabytes, and no list or loop of the checker over layers,
+# stages or divisors can grow without bound.
+MAX_LAYERS = 10_000  # DeepNet trained 1,000 layers; Llama 3.1 405B has 126
+MAX_WIDTH = 2**20  # hidden, FFN, latent and head sizes (Llama 3.1 405B: hidden 16,384, FFN 53,248)
+MAX_HEADS = 2**16  # attention heads, query groups, experts (DeepSeek-V3: 128 heads, 256 experts)
+MAX_SEQ = 2**24  # 16.8M tokens; the longest published context windows hold 10M
+MAX_VOCAB = 2**24  # 16.8M; the largest published vocabularies hold ~262k tokens
+MAX_GPUS = 2**20  # ranks along one parallel dimension, and in a whole job (config/rules/cluster.py)
+MAX_STEPS = 10**9  # steps, intervals and counts of them; published runs take at most millions
+MAX_SAMPLES = 2**24  # sequences in a global batch or a microbatch
+MAX_IMAGE = 2**16  # pixels along an image side, and a patch side
+
+LAYERS = within(1, MAX_LAYERS)
+WIDTH = within(1, MAX_WIDTH)
+HEADS = within(1, MAX_HEADS)
+RANKS = within(1, MAX_GPUS)
+STEPS = within(1, MAX_STEPS)
+# NumPy takes seeds below 2**32; Megatron adds to ours (100 x PP rank, 2718 + TP rank, 1024 + 100
+# x EP rank), so half of that range keeps every derived seed valid.
+SEED = within(0, 2**31 - 1)
+DROPOUT = within(0, 1, high_open=True, note="1 would drop every activation")
+# Adam's moment decay rates: at 1, its bias correction (1 - beta**step) divides by 0.
+BETA = within(0, 1, high_open=True)
+# Far enough from 0 that FP32 holds it: 0 would divide 0 by 0 where a gradient or input is 0.
+EPSILON = within(1e-30, 1)
+NON_NEGATIVE = within(0)
+
+
 @dataclass(kw_only=True, slots=True)
 class VisionConfig:
     """A ViT encoder (CLIP / SigLIP style) and the MLP that projects its output into the LM."""
 
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    image_size: int = 336
-    patch_size: int = 14
+    num_layers: int = field(metadata=LAYERS)
+    hidden_size: int = field(metadata=WIDTH)
+    ffn_hidden_size: int = field(metadata=WIDTH)
+    num_attention_heads: int = field(metadata=HEADS)
+    image_size: int = field(default=336, metadata=within(1, MAX_IMAGE))
+    patch_size: int = field(default=14, metadata=within(1, MAX_IMAGE))
     class_token: bool = True
-    projector_hidden_size: Optional[int] = None  # None means the language model's hidden size
+    # None means the language model's hidden size
+    projector_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)
     freeze_vision: bool = True
     freeze_language: bool = False
 
@@ -54,60 +136,68 @@ class ModelConfig:
     # "gpt" (decoder-only, dense or MoE) or "llava" (vision encoder + projector + gpt); every
     # architecture of config/registry.py
     arch: str = field(default="gpt", metadata=one_of(lambda: MODEL_ARCHS))
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: Optional[int] = None  # GQA groups; None means one per head (MHA)
-    kv_channels: Optional[int] = (
-        None  # head dimension; None means hidden_size // num_attention_heads
-    )
-    seq_length: int
-    vocab_size: int
+    num_layers: int = field(metadata=LAYERS)
+    hidden_size: int = field(metadata=WIDTH)
+    ffn_hidden_size: int = field(metadata=WIDTH)
+    num_attention_heads: int = field(metadata=HEADS)
+    # GQA groups; None means one per head (MHA)
+    num_query_groups: Optional[int] = field(default=None, metadata=HEADS)
+    # Head dimension; None means hidden_size // num_attention_heads
+    kv_channels: Optional[int] = field(default=None, metadata=WIDTH)
+    seq_length: int = field(metadata=within(1, MAX_SEQ))
+    vocab_size: int = field(metadata=within(1, MAX_VOCAB))
     # Megatron pads the vocabulary so that every TP rank holds an equal, GEMM-friendly slice.
-    make_vocab_size_divisible_by: int = 128
+    make_vocab_size_divisible_by: int = field(default=128, metadata=within(1, 2**16))
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
-    layernorm_epsilon: float = 1e-5
+    layernorm_epsilon: float = field(default=1e-5, metadata=EPSILON)
     activation: Literal["swiglu", "gelu"] = "swiglu"  # swiglu: gated SiLU (Llama)
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
-    rotary_base: int = 10000
+    # Published bases go up to 1e8 or so; torch takes the base as an int64.
+    rotary_base: int = field(default=10000, metadata=within(1, 10**12))
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
     share_embeddings_and_output_weights: bool = False  # Llama 3.2 ties them, larger Llamas do not
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
+    init_method_std: float = field(default=0.02, metadata=within(0, 1, low_open=True))
+    hidden_dropout: float = field(default=0.0, metadata=DROPOUT)
+    attention_dropout: float = field(default=0.0, metadata=DROPOUT)
 
     # Mixture of experts (num_moe_experts None means dense).
-    num_moe_experts: Optional[int] = None
-    moe_router_topk: int = 2
-    moe_ffn_hidden_size: Optional[int] = None  # per expert; None means ffn_hidden_size
-    moe_shared_expert_intermediate_size: Optional[int] = None
-    moe_first_k_dense_layers: int = 0  # DeepSeek-V3 keeps its first 3 layers dense
+    num_moe_experts: Optional[int] = field(
+        default=None, metadata=within(1, MAX_HEADS, note="None means a dense model")
+    )
+    moe_router_topk: int = field(default=2, metadata=HEADS)
+    # Per expert; None means ffn_hidden_size
+    moe_ffn_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)
+    moe_shared_expert_intermediate_size: Optional[int] = field(default=None, metadata=WIDTH)
+    # DeepSeek-V3 keeps its first 3 layers dense
+    moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
     # Megatron-Core's names; "none" trains without a balancing loss, "sinkhorn" balances by routing.
     moe_router_load_balancing_type: Literal[
         "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
     ] = "aux_loss"
-    moe_aux_loss_coeff: float = 1e-2
+    moe_aux_loss_coeff: float = field(default=1e-2, metadata=NON_NEGATIVE)
     # "alltoall" is the fast path on GPUs; "allgather" is the one that runs on the CPU over gloo.
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_grouped_gemm: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).
     multi_latent_attention: bool = False
-    q_lora_rank: Optional[int] = None
-    kv_lora_rank: int = 512
-    qk_head_dim: int = 128
-    qk_pos_emb_head_dim: int = 64
-    v_head_dim: int = 128
-    mtp_num_layers: Optional[int] = None  # multi-token prediction heads (DeepSeek-V3 has one)
+    q_lora_rank: Optional[int] = field(default=None, metadata=WIDTH)
+    kv_lora_rank: int = field(default=512, metadata=WIDTH)
+    qk_head_dim: int = field(default=128, metadata=WIDTH)
+    qk_pos_emb_head_dim: int = field(default=64, metadata=WIDTH)
+    v_head_dim: int = field(default=128, metadata=WIDTH)
+    # Multi-token prediction heads (DeepSeek-V3 has one)
+    mtp_num_layers: Optional[int] = field(
+        default=None, metadata=within(1, MAX_LAYERS, note="None means none")
+    )
 
     # Activation recomputation: None, "selective" (attention core only) or "full".
     recompute_granularity: Optional[Literal["selective", "full"]] = None
     recompute_method: Optional[Literal["uniform", "block"]] = None  # with "full"
-    recompute_num_layers: Optional[int] = None
+    recompute_num_layers: Optional[int] = field(default=None, metadata=LAYERS)
 
     # Vision-language (arch "llava"): the encoder and projector in front of the language model.
     vision: Optional[VisionConfig] = None
@@ -117,15 +207,17 @@ class ModelConfig:
 class ParallelConfig:
     """How the model and the batch are split over GPUs. The data-parallel size is derived."""
 
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: Optional[int] = None
+    tensor_model_parallel_size: int = field(default=1, metadata=RANKS)
+    # Every stage holds at least one layer (or the embedding or the loss).
+    pipeline_model_parallel_size: int = field(default=1, metadata=LAYERS)
+    virtual_pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=LAYERS)
     # Megatron-Core's layout string ("Et*3|(tt|)*29,m|L"); derived evenly when None.
     pipeline_model_parallel_layout: Optional[str] = None
-    context_parallel_size: int = 1
+    context_parallel_size: int = field(default=1, metadata=RANKS)
     sequence_parallel: bool = False
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: Optional[int] = None  # None means tensor_model_parallel_size
+    expert_model_parallel_size: int = field(default=1, metadata=RANKS)
+    # None means tensor_model_parallel_size
+    expert_tensor_parallel_size: Optional[int] = field(default=None, metadata=RANKS)
     # Megatron DDP: overlap the gradient reduce-scatter and parameter all-gather with compute.
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -136,13 +228,14 @@ class ParallelConfig:
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
     optimizer: Literal["adam", "sgd"] = "adam"  # adam: AdamW, decoupled weight decay
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
+    lr: float = field(default=3e-4, metadata=within(0, low_open=True))
+    min_lr: float = field(default=3e-5, metadata=NON_NEGATIVE)
+    weight_decay: float = field(default=0.1, metadata=NON_NEGATIVE)
+    adam_beta1: float = field(default=0.9, metadata=BETA)
+    adam_beta2: float = field(default=0.95, metadata=BETA)
+    adam_eps: float = field(default=1e-8, metadata=EPSILON)
+    # The largest global gradient norm; a larger one is scaled down to it.
+    clip_grad: float = field(default=1.0, metadata=within(0, note="0 turns clipping off"))
     # Shards FP32 master weights and Adam moments over the data-parallel group (ZeRO-1).
     use_distributed_optimizer: bool = True
 
@@ -151,12 +244,13 @@ class OptimizerConfig:
 class SchedulerConfig:
     """Learning-rate schedule: linear warmup, then decay to optimizer.min_lr."""
 
-    warmup_steps: int = 2000
+    warmup_steps: int = field(default=2000, metadata=within(0, MAX_STEPS))
     decay_style: Literal["cosine", "linear", "constant", "wsd"] = (
         "cosine"  # wsd: warmup-stable-decay
     )
-    decay_steps: Optional[int] = None  # None means until train.max_steps
-    wsd_decay_steps: Optional[int] = None  # length of the final decay phase of "wsd"
+    decay_steps: Optional[int] = field(default=None, metadata=STEPS)  # None: train.max_steps
+    # Length of the final decay phase of "wsd"
+    wsd_decay_steps: Optional[int] = field(default=None, metadata=STEPS)
     wsd_decay_style: Literal["linear", "cosine", "exponential"] = "linear"
 
 
@@ -171,38 +265,39 @@ class DataConfig:
     split: str = "969,30,1"  # train, validation, test weights of an indexed blend or SFT file
     # A local tokenizer.json or HF tokenizer folder; None uses a null tokenizer (mock data only).
     tokenizer: Optional[str] = None
-    num_workers: int = 2
-    seed: int = 1234
+    num_workers: int = field(default=2, metadata=within(0, 1024))
+    seed: int = field(default=1234, metadata=SEED)
     # SFT and Energon: pack several samples into one sequence instead of padding each.
     sequence_packing: bool = False
     # Energon loader
-    shuffle_buffer_size: int = 100
-    max_samples_per_sequence: int = 100
-    prefetch_factor: int = 2
+    shuffle_buffer_size: int = field(default=100, metadata=within(0, MAX_SAMPLES))
+    max_samples_per_sequence: int = field(default=100, metadata=within(1, MAX_SAMPLES))
+    prefetch_factor: int = field(default=2, metadata=within(1, 1024))
     pin_memory: bool = True
 
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    global_batch_size: int
-    micro_batch_size: int = 1
-    max_steps: int = 100_000
-    seed: int = 1234
+    global_batch_size: int = field(metadata=within(1, MAX_SAMPLES))
+    micro_batch_size: int = field(default=1, metadata=within(1, MAX_SAMPLES))
+    max_steps: int = field(default=100_000, metadata=STEPS)
+    seed: int = field(default=1234, metadata=SEED)
     # Every eval_interval steps, the mean loss over eval_iters global batches of the validation
     # split (the same batches each time, so the numbers compare) is logged as val_loss; 0: never.
-    eval_interval: int = 0
-    eval_iters: int = 10
+    eval_interval: int = field(default=0, metadata=within(0, MAX_STEPS, note="0 means never"))
+    eval_iters: int = field(default=10, metadata=STEPS)
     # "auto" picks CUDA when present; "cpu" runs the CPU smoke mode (gloo, no FP8).
     device: Literal["auto", "cuda", "cpu"] = "auto"
     # Exit cleanly (after a checkpoint) this many minutes into the job; None means never.
-    exit_duration_minutes: Optional[float] = None
+    exit_duration_minutes: Optional[float] = field(default=None, metadata=NON_NEGATIVE)
 
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
     save_dir: Optional[str] = None  # None means <run directory>/checkpoints
-    save_interval: int = 500
-    keep_last: int = 3  # older complete checkpoints are removed; 0 keeps every one
+    save_interval: int = field(default=500, metadata=STEPS)
+    # Older complete checkpoints are removed; 0 keeps every one
+    keep_last: int = field(default=3, metadata=within(0, MAX_STEPS, note="0 keeps every one"))
     async_save: bool = True  # GPUs only; the CPU saves synchronously
     load_dir: Optional[str] = None  # resume from here; None means save_dir
     # Fine-tuning: a complete checkpoint (a run's checkpoints folder or one iter_XXXXXXX) whose
@@ -216,7 +311,7 @@ class CheckpointConfig:
 @dataclass(kw_only=True, slots=True)
 class LoggingConfig:
     run_dir: Optional[str] = None  # None means runs/<recipe>-<timestamp> under the working dir
-    log_interval: int = 1
+    log_interval: int = field(default=1, metadata=STEPS)
     tensorboard: bool = True
     wandb_project: Optional[str] = None  # W&B is off unless a project is given
     wandb_mode: Literal["online", "offline", "disabled"] = "online"

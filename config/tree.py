@@ -2,16 +2,19 @@
 
 Overrides use NeMo-Run's dotlist syntax (`parallel.tensor_model_parallel_size=4`,
 `precision=bf16_mixed`, `parallel.virtual_pipeline_model_parallel_size=None`). Every value is
-converted to the field's declared type, and an unknown name is rejected with the closest valid ones,
-so that a typo can never be silently ignored.
+converted to the field's declared type and checked against the field's choices or range, and an
+unknown name is rejected with the closest valid ones, so that a typo can never be silently ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
+import uuid
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -32,10 +35,15 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+@cache
+def _metadata(cls: type) -> dict[str, Mapping[str, Any]]:
+    return {f.name: f.metadata for f in dataclasses.fields(cls)}
+
+
 def choices(cls: type, name: str) -> list[Any] | None:
     """The valid values of a field: a Literal's, or its registry's (`one_of` metadata); None
     for a field that takes any value of its type."""
-    meta = next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
+    meta = _metadata(cls)[name]
     if "one_of" in meta:
         return list(meta["one_of"]())
     inner, _ = _optional_inner(field_types(cls)[name])
@@ -65,10 +73,29 @@ def not_one_of(value: Any, allowed: list[Any]) -> str:
     )
 
 
-def _check_choice(cls: type, name: str, value: Any, path: str) -> Any:
+def out_of_range(cls: type, name: str, value: Any) -> str | None:
+    """Why a number lies outside its field's range (`within` metadata of config/schema.py), or
+    None when it lies inside, is None where None is allowed, or the field has no range."""
+    valid = _metadata(cls)[name].get("range")
+    inner, optional = _optional_inner(field_types(cls)[name])
+    if valid is None or (value is None and optional):
+        return None
+    return valid.refuses(value, integer=inner is int)
+
+
+def in_range(node: Any, *names: str) -> bool:
+    """Whether every named field of a config section holds a value of its range (or an allowed
+    None)."""
+    return not any(out_of_range(type(node), name, getattr(node, name)) for name in names)
+
+
+def _check_value(cls: type, name: str, value: Any, path: str) -> Any:
+    """`value`, if it is one of the field's choices and within its range; else ConfigError."""
     allowed = choices(cls, name)
     if value is not None and allowed is not None and value not in allowed:
         raise ConfigError([(path, not_one_of(value, allowed))])
+    if (why := out_of_range(cls, name, value)) is not None:
+        raise ConfigError([(path, why)])
     return value
 
 
@@ -128,7 +155,10 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             return int(value)
     elif inner is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond 1.8e308
+                raise ConfigError([(path, f"{value} is beyond any float")]) from None
     elif inner is str:
         if isinstance(value, str):
             return value
@@ -138,7 +168,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         return value
     elif typing.get_origin(inner) is Literal:
         if isinstance(value, str | int | float | bool):
-            return value  # the field's choices are checked by the caller (_check_choice)
+            return value  # the field's choices are checked by the caller (_check_value)
     raise ConfigError([(path, f"expected {_type_name(tp)}, got {value!r}")])
 
 
@@ -178,7 +208,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             problems += _unknown(path, key, cls).problems
             continue
         try:
-            kwargs[key] = _check_choice(cls, key, coerce(value, types_[key], path), path)
+            kwargs[key] = _check_value(cls, key, coerce(value, types_[key], path), path)
         except ConfigError as err:
             problems += err.problems
     # A section given but wrong is reported for what is wrong in it, not also as missing.
@@ -212,9 +242,27 @@ def to_yaml(obj: Any) -> str:
 
 
 def write_yaml(obj: Any, path: Path) -> Path:
-    """Write a resolved config (e.g. <run dir>/config.yaml, what `training.entry --config` reads)."""
+    """Write a resolved config (e.g. <run dir>/config.yaml, what `training.entry --config` reads).
+
+    Atomically: the text goes to a temporary file in the same folder, reaches the disk, and then
+    replaces `path` in one rename, so a crash or a full disk leaves the old file or the new one,
+    never half of one (a requeued job reads it back).
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_yaml(obj), encoding="utf-8")
+    text = to_yaml(obj)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    # 0o666 less the umask, as a plain open() would create it (mkstemp's would be 0o600).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -257,7 +305,7 @@ def _apply_one(root: Any, item: str) -> None:
             tp = types_[name]
             inner, _ = _optional_inner(tp)
             value = _parse_list(text) if typing.get_origin(inner) is list else _parse_scalar(text)
-            setattr(node, name, _check_choice(cls, name, coerce(value, tp, here), here))
+            setattr(node, name, _check_value(cls, name, coerce(value, tp, here), here))
             return
         child = getattr(node, name)
         if child is None:

@@ -19,15 +19,18 @@ from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.parallel import parallel, pipeline
 from config.rules.precision import cpu, precision
+from config.rules.ranges import ranges
 from config.rules.training import training
 from config.schema import TrainingConfig
 
 __all__ = ["Problem", "validate"]
 
+# The numbers themselves, and the job's size, come first: the rules below divide by them and loop
+# over them, so when these find anything, the others do not run.
+FIRST = (ranges, cluster_size)
 # Every config passes these; an architecture adds its own (its registry entry's `rules`).
 RULES = (
     choices,
-    cluster_size,
     parallel,
     pipeline,
     batch,
@@ -45,7 +48,9 @@ def validate(
 ) -> list[Problem]:
     """All problems of `cfg` on `cluster`; an empty list means it can run."""
     derived = derived or finalize(cfg, cluster)
-    problems: list[Problem] = []
+    problems = [p for rule in FIRST for p in rule(cfg, cluster, derived)]
+    if problems:
+        return problems
     arch = model_arch(cfg)
     for rule in (*RULES, *(load(ref) for ref in (arch.rules if arch else ()))):
         problems += rule(cfg, cluster, derived)

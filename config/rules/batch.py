@@ -11,17 +11,9 @@ from config.schema import TrainingConfig
 def batch(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     train = cfg.train
     out = []
-    if train.micro_batch_size < 1:
-        return [
-            Problem("train.micro_batch_size", f"must be at least 1, got {train.micro_batch_size}")
-        ]
-    if train.global_batch_size < 1:
-        return [
-            Problem("train.global_batch_size", f"must be at least 1, got {train.global_batch_size}")
-        ]
     dp = d.data_parallel_size
-    if dp is None:
-        return out
+    if dp is None or train.micro_batch_size < 1 or train.global_batch_size < 1:
+        return out  # the world does not divide (the parallel rule), or config/rules/ranges.py
     if train.global_batch_size % (train.micro_batch_size * dp):
         step = train.micro_batch_size * dp
         lower = train.global_batch_size // step * step

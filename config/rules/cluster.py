@@ -1,11 +1,12 @@
-"""The job itself: a known GPU kind, at least one node and one GPU per node."""
+"""The job itself: a known GPU kind, at least one node and one GPU per node, and no more GPUs than
+any cluster has (the parallel rules list the divisors of the world size)."""
 
 from __future__ import annotations
 
 from config.finalize import Derived
 from config.hardware import GPUS, Cluster
 from config.problems import Problem
-from config.schema import TrainingConfig
+from config.schema import MAX_GPUS, TrainingConfig
 
 
 def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
@@ -23,6 +24,15 @@ def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Prob
                 f"needs at least one node and one GPU per node, got {cluster.num_nodes} x "
                 f"{cluster.gpus_per_node}; give --nodes and --gpus-per-node (or the profile's "
                 "nodes and gpus_per_node) as 1 or more",
+            )
+        )
+    elif cluster.world_size > MAX_GPUS:
+        out.append(
+            Problem(
+                "cluster",
+                f"{cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs = "
+                f"{cluster.world_size} GPUs is more than any cluster has (at most {MAX_GPUS}); "
+                "check --nodes and --gpus-per-node",
             )
         )
     return out

@@ -79,19 +79,13 @@ def _evaluation(cfg: TrainingConfig) -> list[Problem]:
         out.append(
             Problem(
                 "data.split",
-                f"'{data.split}' is not up to three non-negative weights for train, validation "
-                "and test, e.g. data.split=969,30,1",
+                f"'{data.split}' is not up to three finite, non-negative weights for train, "
+                "validation and test with a positive sum, e.g. data.split=969,30,1",
             )
         )
         weights = [1.0, 0.0, 0.0]
-    if train.eval_interval < 0:
-        out.append(
-            Problem("train.eval_interval", f"must be 0 (never) or more, got {train.eval_interval}")
-        )
     if train.eval_interval <= 0 or kind is None:
         return out
-    if train.eval_iters < 1:
-        out.append(Problem("train.eval_iters", f"must be at least 1, got {train.eval_iters}"))
     if not kind.has_validation:
         readable = ", ".join(k.name for k in DATA_KINDS.values() if k.has_validation)
         out.append(

@@ -5,14 +5,14 @@ from __future__ import annotations
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import TrainingConfig
+from config.schema import ModelConfig, TrainingConfig
 
 
 def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     model = cfg.model
-    out = []
-    if model.num_layers < 1:
-        out.append(Problem("model.num_layers", f"must be at least 1, got {model.num_layers}"))
+    out: list[Problem] = []
+    if model.num_attention_heads < 1:
+        return out  # config/rules/ranges.py names it
     if (
         model.kv_channels is None
         and not model.multi_latent_attention
@@ -25,6 +25,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "set model.kv_channels to the head dimension",
             )
         )
+    out += _rotary(model)
     groups = model.num_query_groups
     if groups is not None and (groups < 1 or model.num_attention_heads % groups):
         out.append(
@@ -36,3 +37,27 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     if model.recompute_granularity == "full" and model.recompute_method not in ("uniform", "block"):
         out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
     return out
+
+
+def _rotary(model: ModelConfig) -> list[Problem]:
+    """RoPE rotates the channels of a head in pairs: an odd rotary dimension fails in the first
+    forward step (found by tests/test_checker_fuzz.py)."""
+    if model.position_embedding_type != "rope":
+        return []
+    if model.multi_latent_attention:
+        field, dim = "model.qk_pos_emb_head_dim", model.qk_pos_emb_head_dim
+    elif model.kv_channels is not None:
+        field, dim = "model.kv_channels", model.kv_channels
+    elif model.hidden_size % model.num_attention_heads == 0:
+        field, dim = "model.hidden_size", model.hidden_size // model.num_attention_heads
+    else:
+        return []  # no whole head dimension: named above
+    if dim % 2 == 0:
+        return []
+    return [
+        Problem(
+            field,
+            f"gives the rotary head dimension {dim}, which is odd; RoPE rotates channels in pairs, "
+            f"so use an even one (e.g. {dim + 1}) or model.position_embedding_type=learned_absolute",
+        )
+    ]

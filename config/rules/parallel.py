@@ -17,16 +17,9 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
         par.pipeline_model_parallel_size,
         par.context_parallel_size,
     )
-    sizes = {
-        "parallel.tensor_model_parallel_size": tp,
-        "parallel.pipeline_model_parallel_size": pp,
-        "parallel.context_parallel_size": cp,
-        "parallel.expert_model_parallel_size": par.expert_model_parallel_size,
-        "parallel.expert_tensor_parallel_size": d.expert_tensor_parallel_size,
-    }
-    out = [Problem(f, f"must be at least 1, got {v}") for f, v in sizes.items() if v < 1]
-    if out:
-        return out
+    out: list[Problem] = []
+    if d.model_parallel_size is None or d.expert_tensor_parallel_size is None:
+        return out  # a size out of its range: config/rules/ranges.py names it
     world = d.world_size
     if d.data_parallel_size is None and world >= 1:  # an empty world: the cluster rule
         # Name the size that cannot divide the world by itself; else the largest one.
@@ -99,15 +92,9 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
 def pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     par, model = cfg.parallel, cfg.model
     pp, vpp = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
-    if pp < 1:
-        return []
-    out = []
-    if vpp is not None and vpp < 1:
-        return [
-            Problem(
-                "parallel.virtual_pipeline_model_parallel_size", f"must be None or >= 1, got {vpp}"
-            )
-        ]
+    out: list[Problem] = []
+    if pp < 1 or (vpp is not None and vpp < 1) or model.num_layers < 1:
+        return out  # config/rules/ranges.py names them
     if vpp is not None and vpp > 1 and pp == 1:
         out.append(
             Problem(

@@ -1,5 +1,6 @@
-"""The checker's rules for vision-language models (arch "llava", config/registry.py) and their
-Energon data. Whether the data has images at all is the data rules' business (config/rules/data.py)."""
+"""The checker's rules for vision-language models (arch "llava", config/registry.py). Whether the
+data has images at all is the data rules' business (config/rules/data.py); the sizes and the Energon
+loader's numbers each have their range (config/rules/ranges.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,13 @@ def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Proble
     """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text).
 
     Runs for the architectures whose registry entry names it."""
-    model, data, v = cfg.model, cfg.data, cfg.model.vision
+    model, v = cfg.model, cfg.model.vision
     if v is None:
         return [Problem("model.vision", f"arch '{model.arch}' needs a vision section")]
     out: list[Problem] = []
     tp = cfg.parallel.tensor_model_parallel_size
-    sizes = {
-        "model.vision.num_layers": v.num_layers,
-        "model.vision.hidden_size": v.hidden_size,
-        "model.vision.num_attention_heads": v.num_attention_heads,
-        "model.vision.patch_size": v.patch_size,
-        "model.vision.image_size": v.image_size,
-    }
-    bad = [Problem(f, f"must be at least 1, got {x}") for f, x in sizes.items() if x < 1]
-    if bad:
-        return out + bad
+    if min(v.num_attention_heads, v.patch_size, v.image_size, tp) < 1:
+        return out  # config/rules/ranges.py names them
     if v.image_size % v.patch_size:
         out.append(
             Problem(
@@ -91,13 +84,4 @@ def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Proble
             out.append(
                 Problem(field, f"arch 'llava' builds a dense GPT language model; unset {field}")
             )
-    loader = {
-        "data.num_workers": (data.num_workers, 0),
-        "data.prefetch_factor": (data.prefetch_factor, 1),
-        "data.shuffle_buffer_size": (data.shuffle_buffer_size, 0),
-        "data.max_samples_per_sequence": (data.max_samples_per_sequence, 1),
-    }
-    for field, (value, least) in loader.items():
-        if value < least:
-            out.append(Problem(field, f"must be at least {least}, got {value}"))
     return out
