@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
 
@@ -310,26 +311,9 @@ def _env_name_problems(env: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def run_name_problems(name: str, key: str = "name") -> list[tuple[str, str]]:
-    """A run's name names its folder, <run_root>/<name>-<UTC time>, and its Slurm job: it must be
-    one folder name, so that the run directory stays inside run_root."""
-    if not name:
-        why = "is empty"
-    elif CONTROL.search(name):
-        why = "holds a control character"
-    elif "/" in name:
-        why = "holds '/'"
-    elif name.startswith("."):
-        why = "starts with '.'"
-    elif len(name.encode()) > 200:
-        why = "is longer than 200 bytes"
-    else:
-        return []
-    return [
-        (
-            key,
-            f"{name!r} {why}: the run directory is <run_root>/<{key}>-<time>, so {key} must be one folder name; use letters, digits, '_', '-' and '.' (not first), e.g. {key}=my_llama3_8b",
-        )
-    ]
+    """A run name that would move its run directory out of run_root (config/rules/training.py)."""
+    problem = run_name_problem(name, key)
+    return [(key, problem)] if problem else []
 
 
 def check_run_name(name: str, key: str = "name") -> None:

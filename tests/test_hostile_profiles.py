@@ -332,11 +332,15 @@ def test_run_names_that_leave_run_root_are_refused(name: str, why: str) -> None:
     assert repr(name) in message
 
 
-def test_run_name_is_refused_by_recipes_run(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "recipes", "run", "tiny_gpt_pretrain", "--executor", "slurm-bare"]
+@pytest.mark.parametrize("executor", ["slurm-bare", "local"])
+def test_run_name_is_refused_by_recipes_check_and_run(tmp_path: Path, executor: str) -> None:
+    """The checker refuses it (config/rules/training.py), so every executor and the ranks do."""
+    argv = [sys.executable, "-m", "recipes", "run", "tiny_gpt_pretrain", "--executor", executor]
     argv += ["--dryrun", "name=../escaped"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.returncode == 2 and "name: '../escaped' holds '/'" in out.stderr, out.stderr
+    said = out.stdout + out.stderr
+    assert out.returncode == 2 and "name: '../escaped' holds '/'" in said, said
+    assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("*escaped*"))
 
 
 def test_a_run_directory_without_a_folder_name_has_no_job_folder() -> None:

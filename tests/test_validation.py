@@ -189,6 +189,10 @@ INVALID = [
     ([], Cluster(gpu="cpu", gpus_per_node=8), "parallel.sequence_parallel"),
     ([], Cluster(gpu="tpu"), "cluster.gpu"),
     ([], Cluster(num_nodes=0), "cluster"),
+    # The run directory is <run_root>/<name>-<time>: a name may not lead out of run_root.
+    (["name=../x"], None, "name"),
+    (["name=/abs/x"], None, "name"),
+    (["name=.hidden"], None, "name"),
 ]
 
 
