@@ -14,7 +14,7 @@ import os
 import types
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -62,6 +62,16 @@ def choice_fields(cls: type, prefix: str = "") -> list[tuple[str, list[Any]]]:
         elif (values := choices(cls, name)) is not None:
             out.append((f"{prefix}{name}", values))
     return out
+
+
+def leaves(node: Any, prefix: str = "") -> Iterator[tuple[type, str, str, Any]]:
+    """(section class, field name, dotted path, value) of every non-section field of a tree."""
+    for f in dataclasses.fields(node):
+        value, path = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from leaves(value, f"{path}.")
+        else:
+            yield type(node), f.name, path, value
 
 
 def not_one_of(value: Any, allowed: list[Any]) -> str:

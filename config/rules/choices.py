@@ -7,27 +7,18 @@ recipe function set in Python, which no parser saw. The valid values come from t
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
 from config.tree import choices as field_choices
-from config.tree import not_one_of
+from config.tree import leaves, not_one_of
 
 
 def choices(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    return list(_walk(cfg, ""))
-
-
-def _walk(node: Any, prefix: str) -> Any:
-    for f in dataclasses.fields(node):
-        value, path = getattr(node, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            yield from _walk(value, f"{path}.")
-            continue
-        allowed = field_choices(type(node), f.name)
+    problems = []
+    for cls, name, path, value in leaves(cfg):
+        allowed = field_choices(cls, name)
         if allowed is not None and value is not None and value not in allowed:
-            yield Problem(path, not_one_of(value, allowed))
+            problems.append(Problem(path, not_one_of(value, allowed)))
+    return problems

@@ -9,24 +9,16 @@ values, or loop over them.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
-from config.tree import out_of_range
+from config.tree import leaves, out_of_range
 
 
 def ranges(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    return list(_walk(cfg, ""))
-
-
-def _walk(node: Any, prefix: str) -> Any:
-    for f in dataclasses.fields(node):
-        value, path = getattr(node, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            yield from _walk(value, f"{path}.")
-        elif (why := out_of_range(type(node), f.name, value)) is not None:
-            yield Problem(path, why)
+    return [
+        Problem(path, why)
+        for cls, name, path, value in leaves(cfg)
+        if (why := out_of_range(cls, name, value)) is not None
+    ]
