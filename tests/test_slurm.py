@@ -201,11 +201,9 @@ def log_of(run_dir: Path, job_id: str) -> str:
 
 
 def steps(run_dir: Path) -> list[int]:
-    return [
-        json.loads(line)["step"]
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
+    """The steps of metrics.jsonl's step records, in order (a resume's event record left out)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records if "event" not in r]
 
 
 def signal_when_training(

@@ -19,6 +19,7 @@ import pytest
 from data.energon import SAMPLE_LOG_ENV
 from recipes.cli import main as recipes_main
 from tests.smoke.conftest import REPO, _env, resolved_config
+from tests.smoke.run_many import read_metrics
 
 pytestmark = pytest.mark.smoke
 
@@ -55,8 +56,7 @@ class LlavaRuns:
         return log
 
     def metrics(self, run_dir: str) -> list[dict[str, Any]]:
-        path = self.root / run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return read_metrics(self.root / run_dir)  # the step records, without a resume's event
 
     def keys(self, name: str, rank: int) -> list[list[list[str]]]:
         path = self.root / name / "samples" / f"rank{rank}.jsonl"

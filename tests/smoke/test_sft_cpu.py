@@ -18,6 +18,7 @@ import pytest
 
 from recipes.cli import main as recipes_main
 from tests.smoke.conftest import REPO, _env, resolved_config
+from tests.smoke.run_many import read_metrics
 
 pytestmark = pytest.mark.smoke
 
@@ -50,8 +51,7 @@ class SftRuns:
         return proc.stdout
 
     def records(self, run_dir: str) -> list[dict[str, Any]]:
-        path = self.root / run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return read_metrics(self.root / run_dir)  # the step records, without a resume's event
 
     def losses(self, run_dir: str) -> list[float]:
         return [r["loss"] for r in self.records(run_dir)]
