@@ -145,7 +145,8 @@ _METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout")}
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        found = super().find_class(module, name) if module.startswith("torch") else None
+        of_torch = module == "torch" or module.startswith("torch.")
+        found = super().find_class(module, name) if of_torch else None
         plain_class = isinstance(found, type) and module in _METADATA_MODULES
         if plain_class or (module, name) in _METADATA_GLOBALS or isinstance(found, torch.dtype):
             return found
