@@ -19,6 +19,8 @@ DIR/rank<R>.jsonl, so tests can compare the samples of a resumed run with an uni
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import pickle
@@ -162,7 +164,47 @@ class EnergonBatches:
         self.consumed_samples = int(state["consumed_samples"])
         if "energon_state" in state:
             blob = state["energon_state"]
-            self.loader.restore_state_rank(pickle.loads(blob.numpy().tobytes()))
+            self.loader.restore_state_rank(load_loader_state(blob.numpy().tobytes()))
+
+
+# What Energon's loader state pickles to: its own state dataclasses (and FlexState, a dict), numpy
+# arrays and torch tensors. A checkpoint may come from someone else: nothing else is unpickled.
+_NUMPY = {
+    ("numpy", "dtype"),
+    ("numpy", "ndarray"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "_reconstruct"),
+}
+_PLAIN = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2")}
+
+
+def _storage_from_bytes(data: bytes) -> Any:
+    """torch.storage._load_from_bytes, weights-only: the original unpickles anything."""
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class _StateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            return _storage_from_bytes
+        if (module, name) in _NUMPY | _PLAIN:
+            return super().find_class(module, name)
+        if module.startswith("megatron.energon."):
+            found = super().find_class(module, name)
+            if isinstance(found, type) and (
+                dataclasses.is_dataclass(found) or dict in found.__mro__
+            ):
+                return found
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a loader state")
+
+
+def load_loader_state(blob: bytes) -> Any:
+    """The Energon loader state saved by `EnergonBatches.state_dict`, unpickled with only the
+    classes such a state holds (ValueError otherwise)."""
+    try:
+        return _StateUnpickler(io.BytesIO(blob)).load()
+    except Exception as err:  # damaged or crafted: pickle raises many kinds of error
+        raise ValueError(f"the Energon loader state is not safe to load: {err}") from None
 
 
 def batches(

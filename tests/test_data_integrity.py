@@ -10,6 +10,7 @@ test_inputs.py.
 from __future__ import annotations
 
 import os
+import pickle
 import struct
 from pathlib import Path
 
@@ -201,3 +202,43 @@ def test_a_dataset_regenerated_in_place_gets_fresh_index_caches(tmp_path: Path, 
     tokens = np.concatenate([train[i]["tokens"].numpy() for i in range(len(train))])
     assert tokens.min() >= 200, "a sample was read through the old data's index"
     assert len(list((tmp_path / "d" / "cache").glob("GPTDataset_indices-*"))) == 2
+
+
+# --- Energon's loader state in a checkpoint: unpickled with its own classes only -----------------
+
+
+class _RunsACommand:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_energon_loader_state_runs_no_code(tmp_path: Path) -> None:
+    from data.energon import load_loader_state
+
+    marker = tmp_path / "pwned"
+    with pytest.raises(ValueError, match="refusing to load posix.system"):
+        load_loader_state(pickle.dumps({"state": _RunsACommand(marker)}))
+    assert not marker.exists()
+
+
+def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
+    """A real state (two workers: numpy arrays, tensors, Energon's dataclasses) passes the
+    allowlist unchanged."""
+    from data.energon import build_loader, load_loader_state
+    from data.synthetic_vlm import make_synthetic_vlm
+    from recipes.registry import resolve
+
+    make_synthetic_vlm(tmp_path / "vlm", samples=32, log=False)
+    overrides = [
+        f"data.path={tmp_path / 'vlm'}",
+        f"data.tokenizer={tmp_path / 'vlm/tokenizer.json'}",
+    ]
+    _, cfg = resolve("tiny_llava_pretrain", overrides)
+    loader = build_loader(cfg, 0, 2, num_workers=2)
+    batches = iter(loader)
+    next(batches), next(batches)
+    blob = pickle.dumps(loader.save_state_rank())
+    assert repr(load_loader_state(blob)) == repr(pickle.loads(blob))
