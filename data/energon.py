@@ -178,14 +178,22 @@ _NUMPY = {
 _PLAIN = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2")}
 
 
+# How a tensor's storage pickles: torch's own loader (which unpickles anything), or the weights-only
+# one that Megatron-Core installs when it is imported (a training process).
+_STORAGES = {
+    ("torch.storage", "_load_from_bytes"),
+    ("megatron.core.safe_globals", "safe_load_from_bytes"),
+}
+
+
 def _storage_from_bytes(data: bytes) -> Any:
-    """torch.storage._load_from_bytes, weights-only: the original unpickles anything."""
+    """A pickled storage, loaded weights-only."""
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
 class _StateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("torch.storage", "_load_from_bytes"):
+        if (module, name) in _STORAGES:
             return _storage_from_bytes
         if (module, name) in _NUMPY | _PLAIN:
             return super().find_class(module, name)

@@ -227,6 +227,8 @@ def test_a_crafted_energon_loader_state_runs_no_code(tmp_path: Path) -> None:
 def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
     """A real state (two workers: numpy arrays, tensors, Energon's dataclasses) passes the
     allowlist unchanged."""
+    import megatron.core  # noqa: F401  (as on a rank: it makes storages pickle its own way)
+
     from data.energon import build_loader, load_loader_state
     from data.synthetic_vlm import make_synthetic_vlm
     from recipes.registry import resolve
