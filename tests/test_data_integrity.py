@@ -224,23 +224,39 @@ def test_a_crafted_energon_loader_state_runs_no_code(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
-    """A real state (two workers: numpy arrays, tensors, Energon's dataclasses) passes the
-    allowlist unchanged."""
-    import megatron.core  # noqa: F401  (as on a rank: it makes storages pickle its own way)
+SAVE_A_LOADER_STATE = """
+import pickle, sys
+from pathlib import Path
+import megatron.core  # as on a rank: it makes storages pickle its own way
+from data.energon import build_loader
+from data.synthetic_vlm import make_synthetic_vlm
+from recipes.registry import resolve
 
-    from data.energon import build_loader, load_loader_state
-    from data.synthetic_vlm import make_synthetic_vlm
-    from recipes.registry import resolve
-
-    make_synthetic_vlm(tmp_path / "vlm", samples=32, log=False)
-    overrides = [
-        f"data.path={tmp_path / 'vlm'}",
-        f"data.tokenizer={tmp_path / 'vlm/tokenizer.json'}",
-    ]
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    make_synthetic_vlm(out / "vlm", samples=32, log=False)
+    overrides = [f"data.path={out / 'vlm'}", f"data.tokenizer={out / 'vlm/tokenizer.json'}"]
     _, cfg = resolve("tiny_llava_pretrain", overrides)
     loader = build_loader(cfg, 0, 2, num_workers=2)
     batches = iter(loader)
     next(batches), next(batches)
-    blob = pickle.dumps(loader.save_state_rank())
+    (out / "state.pkl").write_bytes(pickle.dumps(loader.save_state_rank()))
+"""
+
+
+def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
+    """A real state (two workers: numpy arrays, tensors, Energon's dataclasses) passes the
+    allowlist unchanged. Made in a fresh interpreter: forking loader workers from this one, where
+    other tests left process-group threads, can crash them."""
+    import subprocess
+    import sys
+
+    from data.energon import load_loader_state
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "save_state.py"
+    script.write_text(SAVE_A_LOADER_STATE)
+    env = os.environ | {"PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, cwd=repo, env=env)
+    blob = (tmp_path / "state.pkl").read_bytes()
     assert repr(load_loader_state(blob)) == repr(pickle.loads(blob))
