@@ -186,15 +186,12 @@ _STORAGES = {
 }
 
 
-def _storage_from_bytes(data: bytes) -> Any:
-    """A pickled storage, loaded weights-only."""
-    return torch.load(io.BytesIO(data), weights_only=True)
-
-
 class _StateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _STORAGES:
-            return _storage_from_bytes
+        if (module, name) in _STORAGES:  # either way, loaded weights-only
+            from megatron.core.safe_globals import safe_load_from_bytes
+
+            return safe_load_from_bytes
         if (module, name) in _NUMPY | _PLAIN:
             return super().find_class(module, name)
         if module.startswith("megatron.energon."):
