@@ -13,7 +13,8 @@ job runs out of memory on its most loaded rank.
   on the ranks that build them. With tied embeddings and PP > 1 the last rank keeps its own copy
   of the embedding for the output (Megatron all-reduces the two gradients). A vision encoder and
   its projector sit with the embedding on the first rank.
-- Weights 2 bytes (BF16/FP16). FP8 presets add 2 bytes per decoder-layer parameter: TE casts each
+- Weights 2 bytes (BF16/FP16), 4 with precision=fp32 (whose activations are still counted as
+  BF16's: that preset is for exact comparisons on the CPU, not for GPU runs). FP8 presets add 2 bytes per decoder-layer parameter: TE casts each
   weight once per step and caches the FP8 copy row- and column-wise for all microbatches (the
   backward GEMM needs the transpose).
 - Gradients 4 bytes with parallel.grad_reduce_in_fp32, else 2: Megatron's DDP keeps one full-size
@@ -378,6 +379,7 @@ def estimate_memory(
                 heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
                 r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
     grad_bytes = 4 if par.grad_reduce_in_fp32 else 2
+    weight_bytes = 4 if derived.preset is not None and derived.preset.params_dtype == "fp32" else 2
     opt_bytes = 8 if cfg.optimizer.optimizer == "sgd" else 12
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group, expert_group = (dp * par.context_parallel_size, edp or 1) if sharded else (1, 1)
@@ -385,7 +387,7 @@ def estimate_memory(
     for rank, r in enumerate(ranks):
         counts = _in_flight(pp, vpp, rank, mbs)
         params = r["dense"] + r["expert"] + r["frozen"]
-        weights = 2 * params + (2 * r["decoder"] if fp8 else 0)
+        weights = weight_bytes * params + (2 * r["decoder"] if fp8 else 0)
         grads = grad_bytes * (r["dense"] + r["expert"])
         optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]

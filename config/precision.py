@@ -14,7 +14,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class PrecisionPreset:
     name: str
-    params_dtype: str  # "bf16" or "fp16": the dtype of weights and activations
+    params_dtype: str  # "bf16", "fp16" or "fp32": the dtype of weights and activations
     # None, or Transformer Engine's scaling recipe: "delayed", "tensorwise" (current scaling),
     # "blockwise" (1x128 activations / 128x128 weights), "mxfp8" (32-element blocks) or "nvfp4".
     fp8_recipe: str | None = None
@@ -77,6 +77,9 @@ def _presets() -> dict[str, PrecisionPreset]:
         ]
         for preset in variants:
             out[preset.name] = dataclasses.replace(preset, loss_scale=scale)
+    # FP32 throughout: for exact comparisons (the Hugging Face oracle tests) and CPU checks, not
+    # for speed on GPUs.
+    out["fp32"] = PrecisionPreset(name="fp32", params_dtype="fp32")
     # NeMo's older name for delayed scaling.
     out["bf16_with_fp8_mixed"] = out["bf16_with_fp8_delayed_scaling_mixed"]
     out["fp16_with_fp8_mixed"] = out["fp16_with_fp8_delayed_scaling_mixed"]

@@ -151,3 +151,29 @@ def load(ref: str) -> Any:
     """The object a "module:function" string names (imported on first use, on the ranks)."""
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True, slots=True)
+class HfFamily:
+    """A Hugging Face architecture (`architectures[0]` of config.json) and its mapping module.
+
+    The module (models/hf/) declares, without torch: `to_model(hf_config, tensor_names)` -> our
+    ModelConfig; `to_hf(model)` -> config.json; `weights(model, padded_vocab_size)` -> Megatron
+    key -> how it is made of Hugging Face tensors (models/hf/mapping.py); `matches(model)` -> True
+    when an export of `model` without an origin should take this family.
+    """
+
+    name: str
+    module: str
+    summary: str
+
+
+# One entry per supported Hugging Face architecture; a family to come is its module plus a line.
+HF_FAMILIES: dict[str, HfFamily] = _by_name(
+    HfFamily("LlamaForCausalLM", "models.hf.llama", "Llama 3 / 3.1 / 3.2"),
+    HfFamily("Qwen3ForCausalLM", "models.hf.qwen3", "Qwen3 dense"),
+    HfFamily("Qwen3MoeForCausalLM", "models.hf.qwen3_moe", "Qwen3 mixture of experts"),
+    HfFamily("MixtralForCausalLM", "models.hf.mixtral", "Mixtral"),
+    HfFamily("DeepseekV3ForCausalLM", "models.hf.deepseek_v3", "DeepSeek-V3"),
+    HfFamily("LlavaForConditionalGeneration", "models.hf.llava", "LLaVA (llava-hf, CLIP ViT)"),
+)

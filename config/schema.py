@@ -154,6 +154,17 @@ class ModelConfig:
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
     # Published bases go up to 1e8 or so; torch takes the base as an int64.
     rotary_base: int = field(default=10000, metadata=within(1, 10**12))
+    # RoPE frequency scaling as the model's config.json sets it: "llama3" (Llama 3.1 / 3.2: low
+    # frequencies divided by the factor, low/high frequency factors 1 and 4 over 8,192 original
+    # positions) or "yarn" (DeepSeek-V3, multi-latent attention only).
+    rope_scaling: Optional[Literal["llama3", "yarn"]] = None
+    rope_scaling_factor: float = field(default=8.0, metadata=within(1))
+    # YaRN's parameters (DeepSeek-V3's config.json values as defaults)
+    rope_original_max_position_embeddings: int = field(default=4096, metadata=within(1, MAX_SEQ))
+    rope_beta_fast: float = field(default=32.0, metadata=within(0, low_open=True))
+    rope_beta_slow: float = field(default=1.0, metadata=within(0, low_open=True))
+    rope_mscale: float = field(default=1.0, metadata=NON_NEGATIVE)
+    rope_mscale_all_dim: float = field(default=0.0, metadata=NON_NEGATIVE)
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
@@ -173,6 +184,18 @@ class ModelConfig:
     # DeepSeek-V3 keeps its first 3 layers dense
     moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
+    # Softmax over all experts before the top-k, weights not renormalised (Qwen3-MoE with
+    # norm_topk_prob false); off: softmax over the top-k logits (Mixtral, Qwen3-30B-A3B).
+    moe_router_pre_softmax: bool = False
+    # DeepSeek-V3: a per-expert bias added to the scores to pick the experts (not to weigh them),
+    # adjusted by the balance of the load instead of by a loss; node-limited routing over groups
+    # of experts; routed experts' weights scaled by a factor.
+    moe_router_enable_expert_bias: bool = False
+    moe_router_num_groups: Optional[int] = field(default=None, metadata=HEADS)
+    moe_router_group_topk: Optional[int] = field(default=None, metadata=HEADS)
+    moe_router_topk_scaling_factor: Optional[float] = field(
+        default=None, metadata=within(0, low_open=True)
+    )
     # Megatron-Core's names; "none" trains without a balancing loss, "sinkhorn" balances by routing.
     moe_router_load_balancing_type: Literal[
         "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"

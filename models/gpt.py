@@ -179,6 +179,9 @@ def build_chunks(
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
             position_embedding_type=m.position_embedding_type,
             rotary_base=m.rotary_base,
+            # Llama 3.1 / 3.2's frequency scaling (YaRN for MLA lives in MLATransformerConfig).
+            rope_scaling=m.rope_scaling == "llama3",
+            rope_scaling_factor=m.rope_scaling_factor,
             mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage, masked),
             vp_stage=stage,
         )

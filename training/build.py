@@ -24,7 +24,7 @@ from config.registry import MODEL_ARCHS, load
 from config.schema import TrainingConfig
 from models.gpt import transformer_config
 
-_PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.dtype:

@@ -48,10 +48,13 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
+from config.finalize import padded_vocab_size
+from config.hf import is_hf_folder
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
 from training import checkpoint_helpers
 from training import checkpoint_state as ckpt_state
+from training import hf_weights
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
 # What a failed read or write raises: torch's checkpoint errors are BaseExceptions.
@@ -203,8 +206,12 @@ class Checkpointer:
                 print(line, flush=True)
 
     def _load_pretrained(self, folder: Path) -> None:
-        """Model weights only from a complete checkpoint (or the latest of a folder of them)."""
+        """Model weights only: from a Hugging Face folder (each rank reads its slices), or from a
+        complete checkpoint (or the latest of a folder of them)."""
         where = f"checkpoint.pretrained_dir={str(folder)!r}"
+        if is_hf_folder(folder):
+            self._load_hf(folder)
+            return
         path = folder if dirs.is_complete(folder) else dirs.latest_checkpoint(folder)
         if path is None:
             raise FileNotFoundError(
@@ -222,6 +229,17 @@ class Checkpointer:
                 "checkpoint must come from the same architecture (layers, widths, vocabulary)"
             )
         self._say(f"loaded pretrained weights from {path}; training starts at step 0")
+
+    def _load_hf(self, folder: Path) -> None:
+        m, tp = self.cfg.model, self.cfg.parallel.tensor_model_parallel_size
+        padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+        problem = self._agree(
+            self._try(hf_weights.load_hf_weights, self.model, self.cfg, padded, folder)
+        )
+        if problem is not None:
+            raise ValueError(f"cannot load the Hugging Face weights of {folder}: {problem}")
+        self.optimizer.reload_model_params()
+        self._say(f"loaded Hugging Face weights from {folder}; training starts at step 0")
 
     # --- the hook -----------------------------------------------------------------------------
     def after_step(self, trainer: Any, stopping: bool) -> None:

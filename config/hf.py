@@ -1,0 +1,250 @@
+"""Hugging Face folders on the login node: config.json and the safetensors headers, without torch.
+
+A Hugging Face model folder (config.json, model.safetensors or model-*.safetensors with their
+index, tokenizer files) is what users hold of an open model. This module reads what the checker
+needs from it in milliseconds: the architecture (`architectures[0]`, one entry of
+`config.registry.HF_FAMILIES`), the model it describes as our `ModelConfig` (the family module's
+`to_model`), and the names, dtypes and shapes of its tensors (the 8-byte length and JSON header at
+the start of each safetensors file). Nothing here is ever a hub id: a path that does not exist is an
+error.
+
+`differences(model, folder)` lists the architecture fields where a recipe's `model` section and the
+folder disagree; `checkpoint.pretrained_dir` refuses such a folder before launch, naming each field
+and both values. Fields that are training choices (sequence length, dropout, init, recompute, the
+MoE dispatcher and balancing loss) are not compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from config.registry import HF_FAMILIES, HfFamily, load
+from config.schema import ModelConfig, VisionConfig
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_MAX_HEADER = 100 * 2**20  # safetensors' own limit on a header
+
+# The fields a Hugging Face folder fixes: its weights' shapes, or what its forward computes.
+ARCH_FIELDS = (
+    "arch",
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "vocab_size",
+    "normalization",
+    "layernorm_epsilon",
+    "activation",
+    "position_embedding_type",
+    "rotary_base",
+    "rope_scaling",
+    "rope_scaling_factor",
+    "rope_original_max_position_embeddings",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "qk_layernorm",
+    "share_embeddings_and_output_weights",
+    "num_moe_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_first_k_dense_layers",
+    "moe_router_score_function",
+    "moe_router_pre_softmax",
+    "moe_router_enable_expert_bias",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_router_topk_scaling_factor",
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "mtp_num_layers",
+)
+VISION_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "image_size",
+    "patch_size",
+    "class_token",
+    "projector_hidden_size",
+)
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder with a config.json and safetensors weights (not one of our checkpoints)."""
+    folder = Path(path)
+    has_weights = (folder / INDEX_FILE).is_file() or (folder / SINGLE_FILE).is_file()
+    return (folder / CONFIG_FILE).is_file() and has_weights
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """config.json as a dict; ValueError naming the file when it is missing or not JSON."""
+    path = Path(folder) / CONFIG_FILE
+    if not Path(folder).exists():
+        raise ValueError(
+            f"{folder} does not exist (a local Hugging Face folder is needed: nothing is ever "
+            "downloaded from a hub)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(
+            f"{folder} has no {CONFIG_FILE}: not a Hugging Face model folder"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+def family(hf: dict[str, Any], folder: str | Path) -> HfFamily:
+    """The registry entry of the folder's architecture; ValueError naming the supported ones."""
+    names = hf.get("architectures") or []
+    for name in names:
+        if name in HF_FAMILIES:
+            return HF_FAMILIES[name]
+    supported = ", ".join(HF_FAMILIES)
+    raise ValueError(
+        f"{Path(folder) / CONFIG_FILE} names architectures {names}; the supported ones are "
+        f"{supported}"
+    )
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of one safetensors file (names, dtypes, shapes, offsets)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than its header)")
+        (length,) = struct.unpack("<Q", raw)
+        if length > _MAX_HEADER:
+            raise ValueError(f"{path} is not a safetensors file (header of {length} bytes)")
+        text = f.read(length)
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a safetensors file ({err})") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_tensors(folder: str | Path) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+    """Every tensor of a Hugging Face folder: name -> (file, dtype, shape), from the headers."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{index} is not a safetensors index ({err})") from None
+        files = sorted(set(weight_map.values()))
+    elif (folder / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        raise ValueError(f"{folder} holds no {SINGLE_FILE} or {INDEX_FILE}")
+    out = {}
+    for file in files:
+        if Path(file).name != file:
+            raise ValueError(f"{index} names {file!r}, which is not a file of {folder}")
+        for name, entry in read_header(folder / file).items():
+            out[name] = (file, entry["dtype"], tuple(entry["shape"]))
+    return out
+
+
+def model_from_hf(folder: str | Path, seq_length: int | None = None) -> ModelConfig:
+    """The architecture a Hugging Face folder describes, as our model section.
+
+    `seq_length` is a training choice, not the model's: the recipe's when given, else the
+    folder's max_position_embeddings capped at 4096.
+    """
+    hf = read_config(folder)
+    entry = family(hf, folder)
+    names = set(safetensors_tensors(folder)) if is_hf_folder(folder) else set()
+    model: ModelConfig = load(f"{entry.module}:to_model")(hf, names)
+    if seq_length is not None:
+        model.seq_length = seq_length
+    return model
+
+
+def _effective(model: ModelConfig, name: str) -> Any:
+    """A field's value as the model uses it (the defaults that stand for another field resolved)."""
+    value = getattr(model, name)
+    if name == "num_query_groups" and value is None:
+        return model.num_attention_heads
+    if name == "kv_channels" and value is None and model.num_attention_heads:
+        return model.hidden_size // model.num_attention_heads
+    if name == "moe_ffn_hidden_size" and model.num_moe_experts:
+        return value or model.ffn_hidden_size
+    if name == "ffn_hidden_size" and model.num_moe_experts and not model.moe_first_k_dense_layers:
+        return None  # every layer is MoE: the dense width is never used
+    if not model.num_moe_experts and name.startswith("moe_"):
+        return None
+    if not model.multi_latent_attention and name in (
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_head_dim",
+        "qk_pos_emb_head_dim",
+        "v_head_dim",
+    ):
+        return None
+    if model.rope_scaling is None and name.startswith("rope_") and name != "rope_scaling":
+        return None
+    return value
+
+
+def differences(model: ModelConfig, folder: str | Path) -> list[tuple[str, Any, Any]]:
+    """(field, ours, the folder's) for each architecture field where `model` and the folder differ."""
+    theirs = model_from_hf(folder, model.seq_length)
+    out = []
+    for name in ARCH_FIELDS:
+        a, b = _effective(model, name), _effective(theirs, name)
+        if a != b:
+            out.append((f"model.{name}", a, b))
+    if (model.vision is None) != (theirs.vision is None):
+        out.append(("model.vision", model.vision is not None, theirs.vision is not None))
+    elif model.vision is not None and theirs.vision is not None:
+        ours_v, theirs_v = model.vision, theirs.vision
+        for name in VISION_FIELDS:
+            a, b = getattr(ours_v, name), getattr(theirs_v, name)
+            if name == "projector_hidden_size":
+                a, b = a or model.hidden_size, b or theirs.hidden_size
+            if a != b:
+                out.append((f"model.vision.{name}", a, b))
+    return out
+
+
+def with_training_fields(theirs: ModelConfig, ours: ModelConfig) -> ModelConfig:
+    """`theirs` (from a folder) keeping `ours`' training choices: what `model=<folder>` gives."""
+    keep = {f.name for f in dataclasses.fields(ModelConfig)} - set(ARCH_FIELDS) - {"vision"}
+    for name in keep:
+        setattr(theirs, name, getattr(ours, name))
+    if theirs.vision is not None and ours.vision is not None:
+        for name in ("freeze_vision", "freeze_language"):
+            setattr(theirs.vision, name, getattr(ours.vision, name))
+    return theirs
+
+
+__all__ = [
+    "VisionConfig",
+    "differences",
+    "family",
+    "is_hf_folder",
+    "model_from_hf",
+    "read_config",
+    "safetensors_tensors",
+    "with_training_fields",
+]
