@@ -16,6 +16,7 @@ from tests.hf_oracle import engine_from_hf, gpt_logits, hf_config
 from tests.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 def tiny_llama(folder: Path, *, tied: bool = False, scaled: bool = True) -> torch.nn.Module:
@@ -46,7 +47,7 @@ def tiny_llama(folder: Path, *, tied: bool = False, scaled: bool = True) -> torc
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_llama_logits_match_transformers(one_rank: None, tmp_path: Path, tied: bool) -> None:
+def test_llama_logits_match_transformers(tmp_path: Path, tied: bool) -> None:
     reference = tiny_llama(tmp_path / "hf", tied=tied)
     cfg = hf_config(tmp_path / "hf", tmp_path / "run")
     assert (
@@ -63,9 +64,7 @@ def test_llama_logits_match_transformers(one_rank: None, tmp_path: Path, tied: b
         trainer.close()
 
 
-def test_a_folder_whose_architecture_differs_is_refused_naming_the_field(
-    one_rank: None, tmp_path: Path
-) -> None:
+def test_a_folder_whose_architecture_differs_is_refused_naming_the_field(tmp_path: Path) -> None:
     tiny_llama(tmp_path / "hf")
     cfg = hf_config(tmp_path / "hf", tmp_path / "run")
     cfg.model.ffn_hidden_size = 128

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 Box = tuple[slice, ...]  # one slice per axis of the Megatron tensor, steps of 1
 
@@ -58,7 +58,7 @@ class Reshaped:
     hf_shape: tuple[int, ...]  # the Hugging Face tensor's
 
 
-Node = Union[Rows, Stack, Reshaped]
+Node = Rows | Stack | Reshaped
 
 
 def tensor(name: str) -> Rows:
