@@ -42,6 +42,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
+from config.hf import is_hf_folder
 from config.schema import TrainingConfig
 from config.tree import to_dict
 
@@ -80,7 +81,30 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         "world_size": dist.get_world_size(),
         "dist_optimizer_sharding": cfg.checkpoint.dist_optimizer_sharding,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # What `recipes export` needs to write a Hugging Face folder: the architecture, the
+        # tokenizer's files, and the Hugging Face folder the run started from (its config.json).
+        "model": to_dict(cfg.model),
+        "tokenizer": cfg.data.tokenizer,
+        "hf_origin": hf_origin(cfg),
     }
+
+
+def hf_origin(cfg: TrainingConfig) -> str | None:
+    """The Hugging Face folder a run's weights came from (directly, or through `recipes import`)."""
+    folder = cfg.checkpoint.pretrained_dir
+    if not folder:
+        return None
+    if is_hf_folder(folder):
+        return str(Path(folder).resolve())
+    from training import checkpoint_dirs as dirs
+
+    path = Path(folder) if dirs.is_complete(Path(folder)) else dirs.latest_checkpoint(Path(folder))
+    if path is None:
+        return None
+    try:
+        return dirs.read_state(path).get("hf_origin")
+    except (OSError, ValueError):
+        return None
 
 
 def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -> None:
@@ -200,12 +224,30 @@ def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
     optimizer built its FP32 main weights from the random initialisation: reload them, or the
     first step would write those back over the pretrained weights.
     """
-    state = {key: chunk.sharded_state_dict() for key, chunk in model_chunks(model).items()}
+    state = {
+        key: _tensors_only(chunk.sharded_state_dict()) for key, chunk in model_chunks(model).items()
+    }
     with safe_loading(folder):
         loaded = dist_checkpointing.load(state, str(folder))
     for key, chunk in model_chunks(model).items():
-        chunk.load_state_dict(loaded[key])
+        result = chunk.load_state_dict(loaded[key], strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"{folder}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+            )
     optimizer.reload_model_params()
+
+
+def _tensors_only(state: Any) -> Any:
+    """A sharded state dict without its `_extra_state` objects: fine-tuning takes the weights,
+    not a layer's runtime extras (Transformer Engine's FP8 scaling history), which a checkpoint
+    made by `recipes import` does not have."""
+    if isinstance(state, dict):
+        return {
+            k: _tensors_only(v) for k, v in state.items() if not str(k).endswith("_extra_state")
+        }
+    return state
 
 
 def rng_file(folder: Path, rank: int) -> Path:
