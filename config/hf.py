@@ -12,6 +12,10 @@ error.
 folder disagree; `checkpoint.pretrained_dir` refuses such a folder before launch, naming each field
 and both values. Fields that are training choices (sequence length, dropout, init, recompute, the
 MoE dispatcher and balancing loss) are not compared.
+
+`model_override(folder, ours)` is what the override `model=<folder>` gives: the folder's
+architecture with the recipe's training choices. A recipe function takes a folder's architecture
+the same way in Python: `cfg.model = model_override("/models/Qwen3-8B", cfg.model)`.
 """
 
 from __future__ import annotations
@@ -227,6 +231,36 @@ def differences(model: ModelConfig, folder: str | Path) -> list[tuple[str, Any, 
     return out
 
 
+# What reading a folder raises besides ValueError: a config.json without a field its family needs
+# (KeyError), a field of the wrong type (TypeError), a family of HF_FAMILIES whose mapping module
+# is not there (ImportError), a file that cannot be read (OSError). `read_error` words each one.
+READ_ERRORS = (ValueError, KeyError, TypeError, ImportError, OSError)
+
+
+def read_error(err: BaseException, folder: str | Path) -> str:
+    """One sentence for an error of READ_ERRORS met while reading `folder`, naming the file."""
+    if isinstance(err, KeyError):
+        return f"{Path(folder) / CONFIG_FILE} has no field {err}, which its architecture needs"
+    if isinstance(err, ImportError):
+        return f"{folder}: the mapping module of its architecture cannot be imported ({err})"
+    if isinstance(err, OSError):
+        return f"{folder} cannot be read ({err})"
+    return str(err)
+
+
+def model_override(folder: str | Path, ours: ModelConfig) -> ModelConfig:
+    """The model section `model=<folder>` gives: the folder's architecture with `ours`' training
+    choices (sequence length, dropout, recompute, dispatcher...). ValueError naming the folder when
+    it is not a readable Hugging Face folder."""
+    try:
+        theirs = model_from_hf(folder, ours.seq_length)
+    except READ_ERRORS as err:
+        raise ValueError(read_error(err, folder)) from None
+    if not is_hf_folder(folder):  # the tensor names settle what config.json leaves open
+        raise ValueError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}")
+    return with_training_fields(theirs, ours)
+
+
 def with_training_fields(theirs: ModelConfig, ours: ModelConfig) -> ModelConfig:
     """`theirs` (from a folder) keeping `ours`' training choices: what `model=<folder>` gives."""
     keep = {f.name for f in dataclasses.fields(ModelConfig)} - set(ARCH_FIELDS) - {"vision"}
@@ -244,6 +278,8 @@ __all__ = [
     "family",
     "is_hf_folder",
     "model_from_hf",
+    "model_override",
+    "read_error",
     "read_config",
     "safetensors_tensors",
     "with_training_fields",

@@ -4,6 +4,11 @@ Overrides use NeMo-Run's dotlist syntax (`parallel.tensor_model_parallel_size=4`
 `precision=bf16_mixed`, `parallel.virtual_pipeline_model_parallel_size=None`). Every value is
 converted to the field's declared type and checked against the field's choices or range, and an
 unknown name is rejected with the closest valid ones, so that a typo can never be silently ignored.
+
+One override replaces a whole section: `model=<path to a Hugging Face folder>` takes the folder's
+architecture (config/hf.py `model_override`) and keeps the recipe's training choices (sequence
+length, dropout, recompute, MoE dispatcher). Overrides apply in the order given, so
+`model=/models/Qwen3-8B model.seq_length=8192` sets the length on the folder's model.
 """
 
 from __future__ import annotations
@@ -301,6 +306,9 @@ def _apply_one(root: Any, item: str) -> None:
         raise ConfigError([(item, "an override needs the form field.path=value")])
     path, text = item.split("=", 1)
     path = path.strip()
+    if path == "model" and dataclasses.is_dataclass(root) and "model" in field_types(type(root)):
+        root.model = _model_from_folder(text, root.model)
+        return
     parts = path.split(".")
     node: Any = root
     for depth, name in enumerate(parts):
@@ -324,6 +332,42 @@ def _apply_one(root: Any, item: str) -> None:
                 [(here, f"is None; set the {inner.__name__} section in the recipe first")]
             )
         node = child
+
+
+def _model_from_folder(text: str, ours: Any) -> Any:
+    """`model=<folder>`: the Hugging Face folder's architecture with `ours`' training choices.
+
+    Only a local folder with config.json and safetensors weights: a path that does not exist is an
+    error, never a hub id to download (the ranks could not reach a hub, and a typo must not fetch
+    another model).
+    """
+    from config import hf  # here: config.hf imports the schema, which imports this module
+
+    given = _parse_scalar(text)
+    if not isinstance(given, str) or not given:
+        raise ConfigError(
+            [("model", f"{text!r} is not a path; model=<folder> takes a Hugging Face folder")]
+        )
+    folder = Path(os.path.expanduser(given))
+    fix = (
+        "model=<folder> takes the whole architecture from a local Hugging Face folder (config.json "
+        "and model.safetensors or model.safetensors.index.json); set single fields with "
+        "model.<field>=<value> instead"
+    )
+    if not folder.exists():
+        why = "does not exist (nothing is downloaded from a hub: download the folder first)"
+    elif not folder.is_dir():
+        why = "is a file, not a folder"
+    elif not (folder / hf.CONFIG_FILE).is_file():
+        why = f"has no {hf.CONFIG_FILE}"
+    elif not hf.is_hf_folder(folder):
+        why = f"has no {hf.SINGLE_FILE} or {hf.INDEX_FILE} (only safetensors weights are read)"
+    else:
+        try:
+            return hf.model_override(folder, ours)
+        except ValueError as err:
+            raise ConfigError([("model", str(err))]) from None
+    raise ConfigError([("model", f"{given} {why}. {fix}")])
 
 
 def _parse_list(text: str) -> Any:

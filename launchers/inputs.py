@@ -12,6 +12,10 @@ and the missing path:
   directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
   container through the profile's mounts, which map them back to the host to look at, except
   checkpoint.load_dir, which the Slurm launcher takes as a host path and maps in itself.
+- checkpoint.pretrained_dir: a Megatron checkpoint or a local Hugging Face folder, never a hub id
+  to download (a missing "Qwen/Qwen3-8B" is a missing path like any other). A Hugging Face folder
+  must match the model section: the checker's rule (config/rules/pretrained.py) compares them
+  where the path is seen as given, and `check_inputs` again at the host path the mounts map it to.
 - data.tokenizer must fit the model: a tokenizer with more ids than model.vocab_size is refused
   (ids past the embedding train silently on nothing under tensor parallelism). Its size is read
   from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch.
@@ -26,6 +30,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from config.registry import data_kind
+from config.rules.pretrained import pretrained_problems
 from config.schema import TrainingConfig
 from config.tree import ConfigError
 from data.tokenizer import tokenizer_size
@@ -77,14 +82,26 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
     problems = []
     for field, given in input_paths(cfg):
         here = _where_to_look(field, given, profile, cwd)
-        if here is None or here.exists():
+        if here is None:
+            continue
+        if here.exists():
+            if field == "checkpoint.pretrained_dir":
+                problems += [
+                    (p.field, p.message) for p in pretrained_problems(cfg.model, here, given)
+                ]
             continue
         seen = f" (on this machine {here})" if str(here) != given else ""
+        hub = (
+            "; it takes a local Megatron checkpoint or Hugging Face folder, nothing is "
+            "downloaded from a hub (download the folder first, e.g. with `hf download`)"
+            if field == "checkpoint.pretrained_dir"
+            else ""
+        )
         problems.append(
             (
                 field,
                 f"{given} does not exist{seen}: the ranks would fail at start-up (a Slurm job "
-                "after its wait in the queue). Fix the path, or create it first",
+                f"after its wait in the queue). Fix the path, or create it first{hub}",
             )
         )
     problems += _tokenizer_fits(cfg, profile, cwd)

@@ -19,6 +19,7 @@ from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.parallel import parallel, pipeline
 from config.rules.precision import cpu, precision
+from config.rules.pretrained import pretrained
 from config.rules.ranges import ranges
 from config.rules.training import training
 from config.schema import TrainingConfig
@@ -40,6 +41,7 @@ RULES = (
     cpu,
     data,
     training,
+    pretrained,  # reads checkpoint.pretrained_dir's config.json when it is a Hugging Face folder
 )
 
 

@@ -96,13 +96,21 @@ def llama3_8b_pretrain_8gpu_h100_fp8cs() -> TrainingConfig:
     source="NeMo 2 llama3_8b.finetune_recipe, full SFT: TP2, seq 2048, GBS 128, MBS 1, lr 5e-6",
 )
 def llama3_8b_sft() -> TrainingConfig:
-    """Llama 3 8B full SFT on one 8-GPU node, from a Megatron checkpoint of the base model."""
+    """Llama 3 8B full SFT on one 8-GPU node, from the base model's Hugging Face folder.
+
+    checkpoint.pretrained_dir takes the downloaded Hugging Face folder of meta-llama/Meta-Llama-3-8B
+    as it is (config.json and safetensors, no conversion step; `recipes check` compares its
+    config.json with the model section first), or a Megatron checkpoint of the same architecture
+    (a run's checkpoints folder or one iter_XXXXXXX). For Llama 3.1 8B, take its architecture
+    with the override model=<its folder>.
+    """
     cfg = finetune(
         llama3_8b(seq_length=2048),
         ParallelConfig(),
         data_path="/data/sft/train.jsonl",  # placeholder: {"prompt", "response"} lines
         tokenizer="/models/Meta-Llama-3-8B",  # placeholder: the base model's local tokenizer
-        pretrained_dir="/models/llama3_8b_megatron",  # placeholder: a dist_checkpointing save
+        # placeholder: the base model's Hugging Face folder, or a Megatron checkpoint
+        pretrained_dir="/models/Meta-Llama-3-8B",
         global_batch_size=128,
     )
     return _layout(cfg, tp=2)

@@ -1,21 +1,31 @@
-"""Qwen3 mixture-of-experts pretraining recipes, on layouts NVIDIA published.
+"""Qwen3 recipes: the 30B-A3B mixture of experts on layouts NVIDIA published, the dense 8B.
 
-Sources are rows of the Megatron-Bridge performance summary; their exact settings live in
+MoE sources are rows of the Megatron-Bridge performance summary; their exact settings live in
 Megatron-Bridge's scripts/performance/configs/qwen/qwen3_workload_base_configs.py. The base recipe
 runs bf16_mixed on the published H100 layout; variants change what the run on other hardware or
 precision changed. Those runs dispatched tokens with the "flex" dispatcher (HybridEP) and used
 CUDA graphs; these recipes use the alltoall dispatcher and no graphs, the engine's defaults.
+
+Qwen3 8B has no published performance run (neither the Megatron-Bridge nor the NeMo performance
+summary lists it); its recipes take the layouts of Megatron-Bridge's own Qwen3 recipes
+(src/megatron/bridge/recipes/qwen/qwen3.py `qwen3_8b_pretrain_config` and
+`qwen3_8b_finetune_config`, full SFT), with sequence parallel on whenever TP > 1 as NeMo does.
 """
 
 from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
-from models.qwen import qwen3_30b_a3b
-from recipes.base import pretrain
+from models.qwen import qwen3_8b, qwen3_30b_a3b
+from recipes.base import finetune, pretrain
 from recipes.registry import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MB = "Megatron-Bridge performance summary"
+MB_RECIPE = "no published perf run; Megatron-Bridge recipes/qwen/qwen3.py"
+# A local Hugging Face folder of Qwen/Qwen3-8B (config.json, model-*.safetensors and their index,
+# tokenizer.json): `hf download Qwen/Qwen3-8B --local-dir /models/Qwen3-8B`. Placeholder: override
+# checkpoint.pretrained_dir and data.tokenizer with where yours is.
+QWEN3_8B_HF = "/models/Qwen3-8B"
 
 
 def _pretrain(
@@ -81,3 +91,47 @@ def qwen3_30b_a3b_pretrain_8gpu_b200_bf16() -> TrainingConfig:
 def qwen3_30b_a3b_pretrain_8gpu_gb200_bf16() -> TrainingConfig:
     """Qwen3-30B-A3B on 8 GB200s (2 trays of 4): the B200 layout."""
     return qwen3_30b_a3b_pretrain_8gpu_b200_bf16()
+
+
+# Megatron-Bridge's qwen3_8b_pretrain_config: TP4 PP1 on one 8-GPU node (DP 2), seq 4096, GBS 32,
+# MBS 2, lr 3e-4 with 500 warmup steps, cosine to 3e-5 over 300K steps.
+@recipe(
+    nodes=1,
+    source=f"{MB_RECIPE} qwen3_8b_pretrain_config defaults: TP4 PP1, seq 4096, GBS 32, MBS 2",
+)
+def qwen3_8b_pretrain() -> TrainingConfig:
+    """Qwen3 8B pretraining on one 8-GPU node (Megatron-Bridge's recipe layout)."""
+    return pretrain(
+        qwen3_8b(seq_length=4096),
+        ParallelConfig(tensor_model_parallel_size=4),
+        global_batch_size=32,
+        micro_batch_size=2,
+        lr=3e-4,
+        min_lr=3e-5,
+        warmup_steps=500,
+        max_steps=300_000,
+    )
+
+
+# Megatron-Bridge's qwen3_8b_finetune_config with peft=None (full SFT, as NeMo 2's): TP4 PP1,
+# seq 2048, GBS 128, MBS 1, lr 5e-6 with 50 warmup steps, 1000 steps. The paths are placeholders.
+@recipe(
+    nodes=1,
+    source=f"{MB_RECIPE} qwen3_8b_finetune_config, full SFT: TP4, seq 2048, GBS 128, MBS 1, lr 5e-6",
+)
+def qwen3_8b_sft() -> TrainingConfig:
+    """Qwen3 8B full SFT on one 8-GPU node, from the Hugging Face folder of Qwen/Qwen3-8B.
+
+    checkpoint.pretrained_dir takes the downloaded Hugging Face folder as it is (config.json and
+    safetensors, no conversion step): every rank reads its own slices of the weights. `recipes
+    check` compares the folder's config.json with the model section first. To fine-tune another
+    Qwen3 size, take its whole architecture with the override model=<its folder>.
+    """
+    return finetune(
+        qwen3_8b(seq_length=2048),
+        ParallelConfig(tensor_model_parallel_size=4),
+        data_path="/data/sft/train.jsonl",  # placeholder: {"prompt", "response"} lines
+        tokenizer=QWEN3_8B_HF,  # placeholder: the folder's tokenizer.json
+        pretrained_dir=QWEN3_8B_HF,  # placeholder: a Hugging Face folder or a Megatron checkpoint
+        global_batch_size=128,
+    )
