@@ -1,7 +1,8 @@
-"""The `recipes` command: list, show, check and run catalog recipes.
+"""The `recipes` command: list, show, check and run catalog recipes; import and export Hugging
+Face folders.
 
 `list`, `show` and `check` import neither torch nor NeMo-Run, so they answer at once on a login
-node; `run` imports the launchers only when it is called.
+node; `run` imports the launchers only when it is called, `import` and `export` the converter.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
+    p = sub.add_parser(
+        "import", help="Hugging Face folder -> Megatron dist checkpoint (a checkpoints folder)"
+    )
+    p.add_argument("hf_dir", help="a local Hugging Face model folder (config.json, safetensors)")
+    p.add_argument("out_dir", help="a new folder: OUT_DIR/iter_0000000 and OUT_DIR/latest")
+    p = sub.add_parser("export", help="checkpoint -> Hugging Face folder (transformers, vLLM)")
+    p.add_argument("checkpoint", help="a run's checkpoints folder (its latest) or one iter_XXXXXXX")
+    p.add_argument("out_dir", help="a new folder for config.json, safetensors and tokenizer files")
+    p.add_argument(
+        "--family",
+        help="Hugging Face architecture (e.g. LlamaForCausalLM); default: the one the run started "
+        "from, else the first that fits the model",
+    )
+    p.add_argument(
+        "--max-shard-gb", type=float, default=5.0, help="largest safetensors file (default 5)"
+    )
     add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm|make-synthetic-sft`
     return parser
 
@@ -108,6 +125,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """`import` / `export`: exit 0 with the folder written, 2 with a named problem."""
+    from pathlib import Path
+
+    from training.hf_convert import ConvertError, export_hf, import_hf
+
+    try:
+        if args.command == "import":
+            out = import_hf(Path(args.hf_dir), Path(args.out_dir))
+        else:
+            limit = int(args.max_shard_gb * 2**30)
+            out = export_hf(
+                Path(args.checkpoint),
+                Path(args.out_dir),
+                family_name=args.family,
+                max_shard_bytes=limit,
+            )
+    except (ConvertError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"wrote {out}")
+    return 0
+
+
 def _config_error(err: ConfigError, as_json: bool) -> int:
     if as_json:
         errors = [{"field": f, "message": m} for f, m in err.problems]
@@ -137,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
     commands["data"] = cmd_data
+    commands["import"] = commands["export"] = cmd_convert
     try:
         return commands[args.command](args)
     except ConfigError as err:
