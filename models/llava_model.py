@@ -135,7 +135,15 @@ def layer_specs(cfg: TrainingConfig, backend: str) -> tuple[ModuleSpec, ModuleSp
         get_gpt_layer_local_spec(normalization=m.normalization, qk_layernorm=m.qk_layernorm)
     )
     projector = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
-    return language, _sdpa(get_vit_layer_with_local_spec()), projector
+    vision = _sdpa(get_vit_layer_with_local_spec())
+    # Checkpoint keys as Transformer Engine's ViT layer names them (its norms are fused into the
+    # next linear layer), as the local GPT layer spec already does: a checkpoint then loads with
+    # either spec, and one weight map (models/hf/llava.py) serves both.
+    vision.submodules.sharded_state_dict_keys_map = {
+        "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+        "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+    }
+    return language, vision, projector
 
 
 class _CpuIds(torch.Tensor):
@@ -194,13 +202,17 @@ def build_llava_chunks(
             language_max_sequence_length=m.seq_length,
             vision_transformer_config=vision_config(cfg, language),
             vision_transformer_layer_spec=vision_spec,
-            drop_vision_class_token=not v.class_token,  # kept: one more token per image (LLaVA-1.5)
+            # Megatron's CLIP ViT always has the class token; LLaVA-1.5 drops its output
+            # (transformers' vision_feature_select_strategy "default"), "full" keeps it.
+            drop_vision_class_token=not v.class_token,
             vision_projection_config=projector_config(cfg, language),
             vision_projection_layer_spec=projector_spec,
             vision_projection_type="mlp",
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
             language_position_embedding_type=m.position_embedding_type,
             language_rotary_base=m.rotary_base,
+            language_rope_scaling=m.rope_scaling == "llama3",  # Llama 3.1 / 3.2 RoPE scaling
+            language_rope_scaling_factor=m.rope_scaling_factor,
             img_h=v.image_size,
             img_w=v.image_size,
             patch_dim=v.patch_size,
