@@ -158,8 +158,10 @@ class HfFamily:
     """A Hugging Face architecture (`architectures[0]` of config.json) and its mapping module.
 
     The module (models/hf/) declares, without torch: `to_model(hf_config, tensor_names)` -> our
-    ModelConfig; `to_hf(model)` -> config.json; `weights(model, padded_vocab_size)` -> Megatron
-    key -> how it is made of Hugging Face tensors (models/hf/mapping.py); `matches(model)` -> True
+    ModelConfig; `to_hf(model)` -> config.json; `weights(model, padded_vocab_size, names)` ->
+    Megatron key -> how it is made of Hugging Face tensors (models/hf/mapping.py), `names` being the
+    folder's tensor names when there is a folder (they pick among spellings of one family's names,
+    as llava-hf has several), else None; `matches(model)` -> True
     when an export of `model` without an origin should take this family.
     """
 

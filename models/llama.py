@@ -2,8 +2,10 @@
 
 Plain functions returning `ModelConfig` (no torch: these sit on the one-second CLI path). Every
 Llama 3.x shares the 128,256-token vocabulary, SwiGLU, RMSNorm (eps 1e-5), GQA with 8 KV heads and
-RoPE base 500,000. The 3.1/3.2 configs also carry "llama3" RoPE frequency scaling for contexts past
-8,192 tokens; pretraining at 8,192 never reaches it, so it is not modelled here.
+RoPE base 500,000. The 3.1 and 3.2 configs also carry "llama3" RoPE frequency scaling (factor 8
+and 32, low/high frequency factors 1 and 4 over 8,192 original positions): it changes the rotation
+of the low frequencies at every position, so the presets carry it as published and a Hugging
+Face folder of those models loads with the same forward (models/hf/llama.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def llama32_1b(seq_length: int = 8192) -> ModelConfig:
         num_attention_heads=32,
         kv_channels=64,
         share_embeddings_and_output_weights=True,  # tie_word_embeddings: true
+        rope_scaling="llama3",  # rope_scaling.rope_type
+        rope_scaling_factor=32.0,
         seq_length=seq_length,
     )
 
@@ -49,6 +53,8 @@ def llama32_3b(seq_length: int = 8192) -> ModelConfig:
         num_attention_heads=24,
         kv_channels=128,
         share_embeddings_and_output_weights=True,  # tie_word_embeddings: true
+        rope_scaling="llama3",  # rope_scaling.rope_type
+        rope_scaling_factor=32.0,
         seq_length=seq_length,
     )
 
@@ -82,5 +88,7 @@ def llama31_405b(seq_length: int = 8192) -> ModelConfig:
         hidden_size=16384,
         ffn_hidden_size=53248,
         num_attention_heads=128,
+        rope_scaling="llama3",  # rope_scaling.rope_type
+        rope_scaling_factor=8.0,
         seq_length=seq_length,
     )

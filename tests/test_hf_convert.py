@@ -108,3 +108,25 @@ def test_export_refuses_a_folder_that_is_not_empty_and_import_a_missing_one(
     assert main(["export", str(tmp_path / "imported"), str(tmp_path / "full")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_the_tokenizer_files_travel_with_the_weights(tmp_path: Path) -> None:
+    """A folder's tokenizer (a BPE trained here, with its tokenizer_config.json) comes out of
+    import + export unchanged, and transformers' AutoTokenizer reads the same ids from both."""
+    import json
+
+    from data.make_tokenizer import train_bpe_tokenizer
+
+    tiny_llama(tmp_path / "hf")
+    texts = ["the quick brown fox jumps over the lazy dog"] * 50
+    train_bpe_tokenizer(texts=texts, vocab_size=300, out=tmp_path / "hf" / "tokenizer.json")
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "back" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
+    auto = transformers.AutoTokenizer
+    text = "the lazy fox"
+    ids = auto.from_pretrained(tmp_path / "back")(text)["input_ids"]
+    assert ids == auto.from_pretrained(tmp_path / "hf")(text)["input_ids"] and ids

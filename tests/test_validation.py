@@ -484,3 +484,18 @@ def test_config_yaml_is_replaced_whole_or_not_at_all(
     write_yaml(changed, path)
     assert "max_steps: 7" in path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model.rope_scaling=yarn"], "multi-latent attention only"),
+        (["model.rope_scaling=llama3", "model.position_embedding_type=learned_absolute"], "unset"),
+    ],
+)
+def test_rope_scaling_that_megatron_would_ignore_is_refused(
+    overrides: list[str], says: str
+) -> None:
+    cfg = apply_overrides(llama_like(), overrides)
+    problems = validate(cfg, H100x8)
+    assert [p.field for p in problems] == ["model.rope_scaling"] and says in problems[0].message

@@ -285,7 +285,9 @@ def export_hf(
     if embedding is None:
         raise ConvertError(f"{path} holds no embedding: not a model checkpoint of this project")
     padded = int(stored[embedding[0]].size[0])
-    weights = module.weights(model, padded)
+    # The origin's tensor names pick the spelling of a family that has several (llava-hf).
+    names = set(HfWeights(origin).tensors) if origin is not None else None
+    weights = module.weights(model, padded, names)
 
     located: dict[str, tuple[str, int | None]] = {}
     for key in weights:
@@ -410,8 +412,8 @@ def import_hf(folder: Path, out: Path) -> Path:
     hf = read_config(folder)
     module = importlib.import_module(family(hf, folder).module)
     padded = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, 1)
-    weights = module.weights(model, padded)
     source = HfWeights(folder)
+    weights = module.weights(model, padded, set(source.tensors))
     try:
         entries = _import_entries(model, weights, source)
     except (KeyError, ValueError) as err:

@@ -101,8 +101,8 @@ def load_hf_weights(model: list[Any], cfg: Any, padded_vocab: int, folder: Path)
     problem = mismatch_message(cfg.model, folder, where)
     if problem:
         raise ValueError(problem)
-    weights = family_module(hf, folder).weights(cfg.model, padded_vocab)
     source = HfWeights(folder)
+    weights = family_module(hf, folder).weights(cfg.model, padded_vocab, set(source.tensors))
     chunks = model_chunks(model)
     try:
         for chunk in chunks.values():

@@ -25,7 +25,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "set model.kv_channels to the head dimension",
             )
         )
-    out += _rotary(model)
+    out += _rotary(model) + _rope_scaling(model)
     groups = model.num_query_groups
     if groups is not None and (groups < 1 or model.num_attention_heads % groups):
         out.append(
@@ -61,3 +61,35 @@ def _rotary(model: ModelConfig) -> list[Problem]:
             f"so use an even one (e.g. {dim + 1}) or model.position_embedding_type=learned_absolute",
         )
     ]
+
+
+def _rope_scaling(model: ModelConfig) -> list[Problem]:
+    """Megatron-Core applies llama3 scaling in GPTModel's rotary embedding and YaRN in multi-latent
+    attention only; each elsewhere would be ignored without a word."""
+    if model.rope_scaling is None:
+        return []
+    if model.position_embedding_type != "rope":
+        return [
+            Problem(
+                "model.rope_scaling",
+                f"'{model.rope_scaling}' scales RoPE, but model.position_embedding_type="
+                f"'{model.position_embedding_type}'; unset model.rope_scaling",
+            )
+        ]
+    if model.rope_scaling == "yarn" and not model.multi_latent_attention:
+        return [
+            Problem(
+                "model.rope_scaling",
+                "'yarn' is applied by Megatron-Core's multi-latent attention only "
+                "(model.multi_latent_attention=false here); use 'llama3' or unset it",
+            )
+        ]
+    if model.rope_scaling == "llama3" and model.multi_latent_attention:
+        return [
+            Problem(
+                "model.rope_scaling",
+                "'llama3' is not applied by multi-latent attention, which scales RoPE with "
+                "'yarn'; use model.rope_scaling=yarn",
+            )
+        ]
+    return []

@@ -44,8 +44,13 @@ def matches(model: ModelConfig) -> bool:
 
 
 def weights(
-    model: ModelConfig, padded_vocab: int, meg: str = "", hf: str = "model"
+    model: ModelConfig,
+    padded_vocab: int,
+    names: set[str] | None = None,
+    meg: str = "",
+    hf: str = "model",
 ) -> dict[str, Node]:
+    """`names`: the folder's tensor names (one spelling only here; llava-hf has several)."""
     out = gpt.ends(model, padded_vocab, meg, hf)
     for i in range(model.num_layers):
         m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"

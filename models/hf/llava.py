@@ -313,7 +313,7 @@ def weights(
     """Megatron key -> Hugging Face tensors, in the spelling of `names` (a folder's tensor names;
     None: the hub's)."""
     s = spelling(names)
-    out = llama.weights(model, padded_vocab, "language_model.", s.language)
+    out = llama.weights(model, padded_vocab, meg="language_model.", hf=s.language)
     if "language_model.output_layer.weight" in out:  # the LM head is not under the LM's prefix
         out["language_model.output_layer.weight"] = gpt.padded_rows(
             s.lm_head, model.vocab_size, padded_vocab
