@@ -58,7 +58,6 @@ TOKENIZER_FILES = (
     "chat_template.json",
     "vocab.json",
     "merges.txt",
-    "generation_config.json",
 )
 _LAYER = re.compile(r"(.*\blayers)\.(\d+)\.(.*)")
 
@@ -366,28 +365,38 @@ def _write_config(
         config["torch_dtype"] = dtype
         config.pop("dtype", None)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    if not (origin is not None and (origin / "generation_config.json").is_file()):
+    if origin is not None and (origin / "generation_config.json").is_file():
+        shutil.copyfile(origin / "generation_config.json", folder / "generation_config.json")
+    else:
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
+def _tokenizer_json(path: Path) -> Path:
+    return path if path.is_file() else path / "tokenizer.json"
+
+
 def _copy_tokenizer(folder: Path, state: dict[str, Any], origin: Path | None) -> None:
-    """The tokenizer files of the run's tokenizer (a folder or tokenizer.json), else the origin's."""
+    """The files of the run's tokenizer (data.tokenizer: a tokenizer.json or a folder), then those
+    of the origin folder when the run had none or used the origin's own tokenizer.json."""
     sources = []
-    tokenizer = state.get("tokenizer")
-    if tokenizer:
-        tok = Path(tokenizer)
-        sources.append(tok if tok.is_dir() else tok.parent)
+    tokenizer = Path(state["tokenizer"]) if state.get("tokenizer") else None
+    if tokenizer is not None and tokenizer.exists():
+        sources.append(tokenizer if tokenizer.is_dir() else tokenizer.parent)
+        if tokenizer.is_file():
+            shutil.copyfile(tokenizer, folder / "tokenizer.json")
     if origin is not None:
-        sources.append(origin)
+        theirs = origin / "tokenizer.json"
+        ours = _tokenizer_json(tokenizer) if tokenizer is not None else None
+        same = ours is None or (
+            ours.is_file() and theirs.is_file() and ours.read_bytes() == theirs.read_bytes()
+        )
+        if same:
+            sources.append(origin)
     for source in sources:
-        copied = False
         for name in TOKENIZER_FILES:
             if (source / name).is_file() and not (folder / name).exists():
                 shutil.copyfile(source / name, folder / name)
-                copied = True
-        if copied and tokenizer and not Path(tokenizer).is_dir():
-            break
 
 
 # --- import ---------------------------------------------------------------------------------------
