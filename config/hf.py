@@ -181,6 +181,14 @@ def model_from_hf(folder: str | Path, seq_length: int | None = None) -> ModelCon
     """
     hf = read_config(folder)
     entry = family(hf, folder)
+    quantized = hf.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+        raise ValueError(
+            f"{Path(folder) / CONFIG_FILE} holds quantized weights (quantization_config, "
+            f"quant_method {method!r}); dequantize them to BF16 first (DeepSeek-V3's FP8 release "
+            "ships a script for it)"
+        )
     names = set(safetensors_tensors(folder)) if is_hf_folder(folder) else set()
     model: ModelConfig = load(f"{entry.module}:to_model")(hf, names)
     if seq_length is not None:

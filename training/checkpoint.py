@@ -52,9 +52,8 @@ from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
-from training import checkpoint_helpers
+from training import checkpoint_helpers, hf_weights
 from training import checkpoint_state as ckpt_state
-from training import hf_weights
 
 SLOW_SAVE_ENV = "RECIPES_TEST_SLOW_SAVE"  # test-only, see the module docstring
 # What a failed read or write raises: torch's checkpoint errors are BaseExceptions.
