@@ -9,17 +9,23 @@ from config.schema import ModelConfig
 
 
 def deepseek_v3(seq_length: int = 4096) -> ModelConfig:
-    """DeepSeek-V3 (671B parameters, 37B active; arXiv 2412.19437), pretrained at 4K context.
+    """DeepSeek-V3 (671B parameters, 37B active; arXiv 2412.19437), trained here at 4K context.
 
     61 layers: the first 3 dense (ffn 18432), then MoE with 256 routed experts of ffn 2048, top-8
-    with sigmoid scores, plus one always-on shared expert of 2048. Attention is multi-latent (MLA):
-    128 heads, queries through a rank-1536 bottleneck, keys and values through a rank-512 latent,
-    head dims 128 (no position) + 64 (RoPE) for queries/keys and 128 for values. One multi-token
+    with sigmoid scores, plus one always-on shared expert of 2048. Routing is node-limited (the 256
+    experts in 8 groups, each token's experts from the best 4 groups, a group ranked by its 2 best
+    scores), picks experts by score plus a per-expert bias (the aux-loss-free balancing, updated
+    from the load) and weighs them by their renormalised scores times 2.5. Attention is
+    multi-latent (MLA): 128 heads, queries through a rank-1536 bottleneck, keys and values through
+    a rank-512 latent, each with an RMSNorm (q_a_layernorm, kv_a_layernorm: qk_layernorm), head
+    dims 128 (no position) + 64 (RoPE) for queries/keys and 128 for values. One multi-token
     prediction (MTP) module predicts the token after next.
 
-    Not modelled here: node-limited routing (n_group 8, topk_group 4), the aux-loss-free expert
-    bias and routed_scaling_factor 2.5 (the engine's concern), and YaRN, which only extends the
-    context after pretraining.
+    RoPE is YaRN as the published config.json sets it (factor 40 over 4096 original positions,
+    beta_fast 32, beta_slow 1, mscale and mscale_all_dim 1): the released weights are those after
+    the context extension, and YaRN also changes the frequencies and the softmax scale within 4K,
+    so fine-tuning them needs it. (Pretraining from scratch as the report did would use plain
+    RoPE: rope_scaling=None.)
     """
     return ModelConfig(
         num_layers=61,  # num_hidden_layers
@@ -29,10 +35,20 @@ def deepseek_v3(seq_length: int = 4096) -> ModelConfig:
         seq_length=seq_length,
         vocab_size=129_280,
         rotary_base=10_000,  # rope_theta
+        # rope_scaling: {type yarn, factor 40, original_max_position_embeddings 4096, beta_fast 32,
+        # beta_slow 1, mscale 1.0, mscale_all_dim 1.0}
+        rope_scaling="yarn",
+        rope_scaling_factor=40.0,
+        rope_original_max_position_embeddings=4096,
+        rope_beta_fast=32.0,
+        rope_beta_slow=1.0,
+        rope_mscale=1.0,
+        rope_mscale_all_dim=1.0,
         layernorm_epsilon=1e-6,  # rms_norm_eps
         init_method_std=0.006,  # initializer_range
         # MLA (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
         multi_latent_attention=True,
+        qk_layernorm=True,  # q_a_layernorm and kv_a_layernorm
         q_lora_rank=1536,
         kv_lora_rank=512,
         qk_head_dim=128,
@@ -45,6 +61,10 @@ def deepseek_v3(seq_length: int = 4096) -> ModelConfig:
         moe_shared_expert_intermediate_size=2048,
         moe_first_k_dense_layers=3,  # first_k_dense_replace
         moe_router_score_function="sigmoid",  # scoring_func
+        moe_router_enable_expert_bias=True,  # e_score_correction_bias (topk_method noaux_tc)
+        moe_router_num_groups=8,  # n_group
+        moe_router_group_topk=4,  # topk_group
+        moe_router_topk_scaling_factor=2.5,  # routed_scaling_factor (norm_topk_prob true)
         # The report balances experts with a bias term and keeps only a tiny sequence-wise
         # auxiliary loss, alpha = 0.0001 (section 4.2).
         moe_router_load_balancing_type="seq_aux_loss",

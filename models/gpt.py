@@ -137,9 +137,16 @@ def transformer_config(
             moe_aux_loss_coeff=m.moe_aux_loss_coeff,
             moe_token_dispatcher_type=m.moe_token_dispatcher_type,
             moe_grouped_gemm=m.moe_grouped_gemm,
+            # How the router turns scores into weights (models/hf/ names each family's choice):
+            # softmax before or after the top k, DeepSeek-V3's expert bias, group-limited routing
+            # and scaled weights.
+            moe_router_pre_softmax=m.moe_router_pre_softmax,
+            moe_router_enable_expert_bias=m.moe_router_enable_expert_bias,
+            moe_router_num_groups=m.moe_router_num_groups,
+            moe_router_group_topk=m.moe_router_group_topk,
+            moe_router_topk_scaling_factor=m.moe_router_topk_scaling_factor,
         )
     if m.multi_latent_attention:
-        # Megatron-Core's YaRN defaults for MLA are DeepSeek-V3's; only the RoPE base comes from us.
         return MLATransformerConfig(
             **fields,
             q_lora_rank=m.q_lora_rank,
@@ -148,8 +155,31 @@ def transformer_config(
             qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
             v_head_dim=m.v_head_dim,
             rotary_base=m.rotary_base,
+            **_mla_rope(cfg),
         )
     return TransformerConfig(**fields)
+
+
+def _mla_rope(cfg: TrainingConfig) -> dict[str, Any]:
+    """MLATransformerConfig's RoPE fields: YaRN with the model's parameters, or plain RoPE.
+
+    MLATransformerConfig defaults to DeepSeek-V3's YaRN (factor 40), which a model without RoPE
+    scaling must not get. Its softmax scale is mscale(rotary_scaling_factor, mscale_all_dim)^2 /
+    sqrt(head dim) whatever the rope type, so plain RoPE sets the factor to 1 (mscale 1). (llama3
+    scaling with MLA is refused by the checker, config/rules/model.py.)
+    """
+    m = cfg.model
+    if m.rope_scaling != "yarn":
+        return {"rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
+    return {
+        "rope_type": "yarn",
+        "rotary_scaling_factor": m.rope_scaling_factor,
+        "original_max_position_embeddings": m.rope_original_max_position_embeddings,
+        "beta_fast": m.rope_beta_fast,
+        "beta_slow": m.rope_beta_slow,
+        "mscale": m.rope_mscale,
+        "mscale_all_dim": m.rope_mscale_all_dim,
+    }
 
 
 def build_chunks(
@@ -179,7 +209,7 @@ def build_chunks(
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
             position_embedding_type=m.position_embedding_type,
             rotary_base=m.rotary_base,
-            # Llama 3.1 / 3.2's frequency scaling (YaRN for MLA lives in MLATransformerConfig).
+            # Llama 3.1 / 3.2's frequency scaling (MLA's RoPE and YaRN live in MLATransformerConfig).
             rope_scaling=m.rope_scaling == "llama3",
             rope_scaling_factor=m.rope_scaling_factor,
             mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage, masked),

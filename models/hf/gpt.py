@@ -18,6 +18,8 @@ from models.hf.mapping import Node, Pad, Part, Rows, Stack, tensor
 ALIASES = {
     "self_attention.linear_q_up_proj.layer_norm_weight": "self_attention.q_layernorm.weight",
     "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attention.kv_layernorm.weight",
+    "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+    "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
