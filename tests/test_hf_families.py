@@ -50,9 +50,14 @@ def save(model_class: Any, config: Any, folder: Path) -> torch.nn.Module:
     return model
 
 
-def assert_logits_match(reference: torch.nn.Module, folder: Path, run_dir: Path) -> float:
-    """Our logits against transformers' (asserted within 1e-5); returns the largest difference."""
+def assert_logits_match(
+    reference: torch.nn.Module, folder: Path, run_dir: Path, weights: Path | None = None
+) -> float:
+    """Our logits against transformers' (asserted within 1e-5); returns the largest difference.
+    `weights`: load these (an imported checkpoint) instead of the folder itself."""
     cfg = hf_config(folder, run_dir)
+    if weights is not None:
+        cfg.checkpoint.pretrained_dir = str(weights)
     trainer = engine_from_hf(cfg, run_dir)
     try:
         ours = gpt_logits(trainer, TOKENS)
@@ -323,10 +328,13 @@ def test_import_then_export_gives_every_tensor_back_bit_for_bit(
     from recipes.cli import main
     from training.hf_convert import iter_tensors
 
-    tiny(family, tmp_path / "hf")
+    reference = tiny(family, tmp_path / "hf")
     if family == "deepseek_v3":
         add_mtp_layer(tmp_path / "hf", layers=3)
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    # The imported checkpoint (TE's names for the MoE and MLA norms) starts a CPU run (the local
+    # spec's names) with transformers' logits.
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run", tmp_path / "imported")
     assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
     original, back = dict(iter_tensors(tmp_path / "hf")), dict(iter_tensors(tmp_path / "back"))
     assert sorted(back) == sorted(original)

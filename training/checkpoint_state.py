@@ -228,6 +228,7 @@ def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
         key: _tensors_only(chunk.sharded_state_dict()) for key, chunk in model_chunks(model).items()
     }
     with safe_loading(folder):
+        _use_stored_names(state, folder)
         loaded = dist_checkpointing.load(state, str(folder))
     for key, chunk in model_chunks(model).items():
         result = chunk.load_state_dict(loaded[key], strict=False)
@@ -237,6 +238,27 @@ def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
                 f"{folder}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
             )
     optimizer.reload_model_params()
+
+
+def _use_stored_names(state: dict[str, Any], folder: Path) -> None:
+    """Ask for each tensor under the name the checkpoint stores it by.
+
+    Megatron-Core keys a few norms differently with Transformer Engine (fused into the next
+    linear layer: `mlp.linear_fc1.layer_norm_weight`) and without it (`pre_mlp_layernorm.weight`)
+    for MoE and MLA layers; `recipes import` writes TE's names. A tensor the checkpoint lacks under
+    this run's name is asked for under its other one (models/hf/gpt.py ALIASES), so weights saved
+    on GPUs start a CPU run and the other way round.
+    """
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from models.hf.gpt import alias
+
+    stored = set(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    for item in nested_values(state):
+        key = getattr(item, "key", None)
+        if key is not None and key not in stored and (other := alias(key)) in stored:
+            item.key = other
 
 
 def _tensors_only(state: Any) -> Any:
