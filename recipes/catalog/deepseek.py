@@ -27,7 +27,10 @@ def _pretrain(parallel: ParallelConfig, *, global_batch_size: int) -> TrainingCo
     """Every DeepSeek-V3 recipe: the report's schedule (section 4.2: AdamW (0.9, 0.95), weight
     decay 0.1, peak lr 2.2e-4 after 2K warmup steps, decayed to 2.2e-5; 14.8T tokens are 441K steps
     of GBS 8192 x 4096)."""
-    model = deepseek_v3(seq_length=4096)  # the report pretrains at 4K and extends with YaRN later
+    model = deepseek_v3(seq_length=4096)  # the report pretrains at 4K
+    # ... with plain RoPE: YaRN (the published checkpoint's, in the preset) came with the context
+    # extension after pretraining.
+    model.rope_scaling = None
     # The published runs keep experts' tensors whole (ETP 1) whatever the attention's TP is.
     parallel.expert_tensor_parallel_size = 1
     return pretrain(
