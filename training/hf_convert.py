@@ -36,6 +36,11 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from config.finalize import padded_vocab_size
 from config.hf import CONFIG_FILE, family, is_hf_folder, model_from_hf, read_config
@@ -182,21 +187,48 @@ def _where(key: str, stored: dict[str, Any]) -> tuple[str, int | None] | None:
     return None
 
 
+class _BoxPlanner(DefaultLoadPlanner):
+    """torch's default load planner, asked for boxes of stored tensors instead of whole ones.
+
+    A planner of our own: Megatron-Core's load strategy cannot ask one process for a box of a
+    tensor (its grid of shards assumes other ranks hold the rest), and torch's default planner
+    loads whole tensors (all layers of a stacked key at once).
+    """
+
+    def __init__(
+        self,
+        targets: dict[tuple[str, tuple[int, ...]], torch.Tensor],
+        chunks: dict[str, list[ChunkStorageMetadata]],
+    ) -> None:
+        super().__init__()
+        self.targets, self.chunks = targets, chunks
+
+    def create_local_plan(self) -> LoadPlan:
+        items = []
+        for name, boxes in self.chunks.items():
+            items += create_read_items_for_chunk_list(
+                name, self.metadata.state_dict_metadata[name], boxes
+            )
+        return LoadPlan(items)
+
+    def resolve_tensor(self, read_item: Any) -> torch.Tensor:
+        index = read_item.dest_index
+        target = self.targets[(index.fqn, tuple(index.offset))]
+        for axis, (start, length) in enumerate(
+            zip(read_item.dest_offsets, read_item.lengths, strict=True)
+        ):
+            target = target.narrow(axis, start, length)
+        return target
+
+    def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
+        pass  # written in place into the target's view
+
+
 def _load_boxes(
     path: Path, wanted: list[tuple[str, str, int | None]], stored: dict[str, Any]
 ) -> dict[str, torch.Tensor]:
     """{map key: tensor} for (map key, stored key, layer) triples: the whole stored tensor, or one
-    layer of a stacked one. torch's reader reads only the saved chunks inside each box.
-
-    A load planner of our own: Megatron-Core's load strategy cannot ask one process for a box of a
-    tensor (its grid of shards assumes other ranks hold the rest), and torch's default planner
-    loads whole tensors (all layers of a stacked key at once).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-    from torch.distributed.checkpoint.planner import LoadPlan
-    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
+    layer of a stacked one. torch's reader reads only the saved chunks inside each box."""
     out: dict[str, torch.Tensor] = {}
     targets: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
     chunks: dict[str, list[ChunkStorageMetadata]] = {}
@@ -211,32 +243,9 @@ def _load_boxes(
             ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         )
         out[key] = target if layer is None else target[0]
-
-    class BoxPlanner(dcp.DefaultLoadPlanner):
-        def create_local_plan(self) -> LoadPlan:
-            items = []
-            for name, boxes in chunks.items():
-                items += create_read_items_for_chunk_list(
-                    name, self.metadata.state_dict_metadata[name], boxes
-                )
-            return LoadPlan(items)
-
-        def resolve_tensor(self, read_item: Any) -> torch.Tensor:
-            index = read_item.dest_index
-            target = targets[(index.fqn, tuple(index.offset))]
-            for axis, (start, length) in enumerate(
-                zip(read_item.dest_offsets, read_item.lengths, strict=True)
-            ):
-                target = target.narrow(axis, start, length)
-            return target
-
-        def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
-            pass  # written in place into the target's view
-
     with safe_loading(path):
-        dcp.load(
-            {}, storage_reader=dcp.FileSystemReader(str(path)), planner=BoxPlanner(), no_dist=True
-        )
+        reader = dcp.FileSystemReader(str(path))
+        dcp.load({}, storage_reader=reader, planner=_BoxPlanner(targets, chunks), no_dist=True)
     return out
 
 
@@ -327,7 +336,8 @@ def export_hf(
             loaded = _load_boxes(path, [(k, *located[k]) for k in group], stored)
             for key in group:
                 for hf_name, start, rows in split(weights[key], loaded.pop(key)):
-                    assembler.add(hf_name, start, rows.clone())
+                    # A view: the loaded tensor lives until its last piece is written.
+                    assembler.add(hf_name, start, rows)
             while done < len(order) and order[done] in assembler.names():
                 writer.write(order[done], assembler.take(order[done]))
                 done += 1
@@ -524,7 +534,6 @@ def _producer(node: Node, source: HfWeights, shape: tuple[int, ...], stack: bool
 
 def _write_dcp(folder: Path, entries: list[Any], source: HfWeights) -> None:
     """torch's distributed checkpoint of `entries`, each chunk made when it is written."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties

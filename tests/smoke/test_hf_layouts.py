@@ -58,6 +58,35 @@ def mixtral(folder: Path) -> Path:
     return _save(transformers.MixtralForCausalLM(config), folder)
 
 
+def qwen3(folder: Path) -> Path:
+    config = transformers.Qwen3Config(
+        vocab_size=200,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    torch.manual_seed(0)
+    return _save(transformers.Qwen3ForCausalLM(config), folder)
+
+
+def qwen3_moe(folder: Path) -> Path:
+    from tests.test_hf_families import tiny
+
+    tiny("qwen3_moe", folder)
+    return folder
+
+
+def deepseek_v3(folder: Path) -> Path:
+    from tests.test_hf_families import add_mtp_layer, tiny
+
+    tiny("deepseek_v3", folder)
+    add_mtp_layer(folder, layers=3)  # the published checkpoints' MTP layer, on the last stage
+    return folder
+
+
 LAYOUTS = {
     "llama_tp2": (llama, {"tensor_model_parallel_size": 2}),
     "llama_pp2_vpp2": (
@@ -66,7 +95,13 @@ LAYOUTS = {
     ),
     # MoE with TP > 1 needs sequence parallel, which the CPU mode lacks: EP here.
     "mixtral_ep2": (mixtral, {"expert_model_parallel_size": 2}),
+    "qwen3_tp2": (qwen3, {"tensor_model_parallel_size": 2}),
+    "qwen3_moe_ep2": (qwen3_moe, {"expert_model_parallel_size": 2}),
+    "deepseek_v3_ep2": (deepseek_v3, {"expert_model_parallel_size": 2}),
+    "deepseek_v3_pp2": (deepseek_v3, {"pipeline_model_parallel_size": 2}),
 }
+# Not here: LLaVA, whose training step needs images (a one-stage model: TP is its only split,
+# the same TP slicing as the language model's); its logits are compared on one rank.
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,45 @@
+"""A Hugging Face folder into the GPU model: Transformer Engine's layers where TE imports (its names
+for the norms fused into linear layers), the SDPA spec otherwise.
+
+The oracle of tests/smoke/test_hf_layouts.py on one GPU: a step at learning rate 0, the saved
+checkpoint exported, every tensor equal to the folder's bit for bit (FP32 weights), and the export
+loaded by transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from config.tree import write_yaml
+from recipes.cli import main
+from tests.hf_oracle import hf_config
+from tests.smoke.conftest import _env
+from tests.smoke.run_many import launch_many
+from tests.smoke.test_hf_layouts import deepseek_v3, llama, qwen3_moe, tensors
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("make", [llama, qwen3_moe, deepseek_v3], ids=lambda f: f.__name__)
+def test_a_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path: Path, make) -> None:  # noqa: ANN001
+    folder = make(tmp_path / "hf")
+    cfg = hf_config(folder, tmp_path / "run")
+    cfg.name = "hf_gpu"
+    cfg.train.device = "cuda"
+    cfg.model.moe_token_dispatcher_type = "alltoall"  # the GPU's dispatcher
+    cfg.scheduler.warmup_steps = 10  # step 1 at LR 0
+    cfg.scheduler.decay_steps = 20
+    config = write_yaml(cfg, tmp_path / "hf_gpu.yaml")
+    outcome = launch_many([config], 1, _env(tmp_path), tmp_path / "logs")["hf_gpu"]
+    assert outcome.error is None, outcome.failure("hf_gpu")
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "run" / "checkpoints"), str(out)]) == 0
+    original, exported = tensors(folder), tensors(out)
+    assert sorted(exported) == sorted(original)
+    for key, value in original.items():
+        assert torch.equal(exported[key], value), key
+    transformers.AutoModelForCausalLM.from_pretrained(out)
