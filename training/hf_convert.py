@@ -1,24 +1,24 @@
 """`recipes import` and `recipes export`: Hugging Face folders <-> Megatron dist checkpoints, streaming.
 
-Both directions go one layer's tensor at a time, so memory does not grow with the model, and run in
-one process on the CPU (a one-rank gloo group: Megatron-Core's and torch's checkpoint code ask for
-a process group).
+Both directions hold about one layer's tensors at a time, so memory does not grow with the model
+(bench/hf_convert.py measures it), and run in one process on the CPU.
 
 Export (`export_hf`): a checkpoint of any layout holds global tensors (dist_checkpointing), under
-per-layer keys, or stacked keys with a leading layer axis for a homogeneous block. For each entry of
-the family's map (models/hf/), the layer's box is read through Megatron-Core's torch_dist load
-strategy (only the chunks inside it are read), split back into Hugging Face tensors
-(models/hf/mapping.py `split`), and written at once into safetensors files whose headers were
-planned up front (models/hf/safetensors_io.py). config.json comes from the folder the run started
-from when there is one (every field kept), else from the family's `to_hf`; the tokenizer files
-from the run's tokenizer folder or that origin.
+per-layer keys, or stacked keys with a leading layer axis for a homogeneous block. For each layer
+of the family's map (models/hf/), torch's checkpoint reader fills the layer's boxes, reading only
+the saved chunks inside them (`_BoxPlanner`); they are split back into Hugging Face tensors
+(models/hf/mapping.py `split`) and written into safetensors files whose headers were planned up
+front (models/hf/safetensors_io.py). config.json comes from the folder the run started from when
+there is one (every field kept), else from the family's `to_hf`; the tokenizer files from the
+run's tokenizer or that origin.
 
 Import (`import_hf`): writes `OUT/iter_0000000` in torch's distributed checkpoint format, keyed as
 Megatron-Core keys the model (stacked layers for a dense block, per-layer keys with MoE, see
-`_stacked`), one chunk per layer. The writer asks a planner for each chunk's data only when it
-writes that chunk (`_LazyPlanner.resolve_data`), and the planner reads the chunk from the Hugging
-Face files then. Tensors the model does not hold (CLIP's unused last layer, its post-layernorm)
-are kept under `hf_extra.<name>` so that an export gives back every tensor bit for bit.
+`_stacked`), one chunk per layer. The writer asks the planner for each chunk's data only when it
+writes that chunk (`_write_dcp`), and the planner reads it from the Hugging Face files then (torch's
+sharded tensors, which describe the chunks, need a process group: a one-rank gloo group). Tensors
+the model does not hold (CLIP's unused last layer, its post-layernorm) are kept under
+`hf_extra.<name>` so that an export gives back every tensor bit for bit.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _progress(label: str, total: int) -> Callable[[int], None]:
 
 
 def _one_rank() -> Callable[[], None]:
-    """A one-process gloo group (Megatron-Core's and torch's checkpoint code ask for one)."""
+    """A one-process gloo group unless one exists; returns what tears it down again."""
     import torch.distributed as dist
 
     if dist.is_initialized():
