@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument(
-        "--family", default="llama", choices=["llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"]
+        "--family",
+        default="llama",
+        choices=["llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"],
     )
     parser.add_argument("--tokenizer", help="a tokenizer.json to put into the folder")
     parser.add_argument("--seed", type=int, default=0)
