@@ -274,14 +274,15 @@ def weights(
     hf: str = "model",
 ) -> dict[str, Node]:
     """`names`: the folder's tensor names (unused: the family has one spelling)."""
-    out = gpt.ends(model, padded_vocab, meg, hf)
-    for i in range(model.num_layers):
-        m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"
-        out |= mla(model, m, h)
+
+    def layer(i: int, m: str, h: str) -> dict[str, Node]:
         if i < model.moe_first_k_dense_layers:
-            out |= gpt.dense_mlp(m, f"{h}.mlp", f"{h}.post_attention_layernorm.weight")
-        else:
-            out |= moe(model, m, h)
+            return mla(model, m, h) | gpt.dense_mlp(
+                m, f"{h}.mlp", f"{h}.post_attention_layernorm.weight"
+            )
+        return mla(model, m, h) | moe(model, m, h)
+
+    out = gpt.decoder(model, padded_vocab, meg, hf, layer)
     # Multi-token prediction: layer L + k of the folder. Its copies of the embedding and output
     # layer (embed_tokens, shared_head.head) are the main ones in Megatron-Core.
     for k in range(model.mtp_num_layers or 0):

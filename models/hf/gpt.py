@@ -8,6 +8,7 @@ names `save_pretrained` writes). Torch-free: the CLI reads config.json with it o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from config.schema import ModelConfig
@@ -269,4 +270,18 @@ def ends(
     }
     if not model.share_embeddings_and_output_weights:
         out[f"{meg}output_layer.weight"] = padded_rows("lm_head.weight", vocab, padded_vocab)
+    return out
+
+
+Layer = Callable[[int, str, str], dict[str, Node]]
+
+
+def decoder(
+    model: ModelConfig, padded_vocab: int, meg: str, hf: str, layer: Layer
+) -> dict[str, Node]:
+    """A decoder-only family's map: the ends, and `layer(i, Megatron prefix, Hugging Face prefix)`
+    for each decoder layer i (what differs between families)."""
+    out = ends(model, padded_vocab, meg, hf)
+    for i in range(model.num_layers):
+        out |= layer(i, f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}")
     return out

@@ -51,14 +51,15 @@ def weights(
     hf: str = "model",
 ) -> dict[str, Node]:
     """`names`: the folder's tensor names (one spelling only here; llava-hf has several)."""
-    out = gpt.ends(model, padded_vocab, meg, hf)
-    for i in range(model.num_layers):
-        m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"
-        out |= gpt.attention(model, m, h)
+
+    def layer(i: int, m: str, h: str) -> dict[str, Node]:
+        out = gpt.attention(model, m, h)
         out |= gpt.dense_mlp(m, f"{h}.mlp", f"{h}.post_attention_layernorm.weight")
         if model.add_bias_linear:
             out[f"{m}.mlp.linear_fc1.bias"] = gpt.gated(
                 f"{h}.mlp.gate_proj.bias", f"{h}.mlp.up_proj.bias"
             )
             out[f"{m}.mlp.linear_fc2.bias"] = gpt.tensor(f"{h}.mlp.down_proj.bias")
-    return out
+        return out
+
+    return gpt.decoder(model, padded_vocab, meg, hf, layer)

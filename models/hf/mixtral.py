@@ -84,12 +84,10 @@ def weights(
     hf: str = "model",
 ) -> dict[str, Node]:
     """`names`: the folder's tensor names (unused: the family has one spelling)."""
-    out = gpt.ends(model, padded_vocab, meg, hf)
-    for i in range(model.num_layers):
-        m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"
+
+    def layer(i: int, m: str, h: str) -> dict[str, Node]:
         moe = f"{h}.block_sparse_moe"
-        out |= gpt.attention(model, m, h)
-        out |= gpt.moe_mlp(
+        return gpt.attention(model, m, h) | gpt.moe_mlp(
             model,
             m,
             f"{h}.post_attention_layernorm.weight",
@@ -97,4 +95,5 @@ def weights(
             f"{moe}.experts.{{}}",
             names=("w1", "w3", "w2"),
         )
-    return out
+
+    return gpt.decoder(model, padded_vocab, meg, hf, layer)

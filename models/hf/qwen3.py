@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from config.schema import ModelConfig
-from models.hf import gpt
+from models.hf import gpt, llama
 from models.hf.mapping import Node
 
 ARCHITECTURE = "Qwen3ForCausalLM"
@@ -88,10 +88,5 @@ def weights(
     meg: str = "",
     hf: str = "model",
 ) -> dict[str, Node]:
-    """`names`: the folder's tensor names (unused: the family has one spelling)."""
-    out = gpt.ends(model, padded_vocab, meg, hf)
-    for i in range(model.num_layers):
-        m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"
-        out |= gpt.attention(model, m, h)
-        out |= gpt.dense_mlp(m, f"{h}.mlp", f"{h}.post_attention_layernorm.weight")
-    return out
+    """Llama's map: the per-head q/k norms come with model.qk_layernorm (models/hf/gpt.py)."""
+    return llama.weights(model, padded_vocab, names, meg, hf)

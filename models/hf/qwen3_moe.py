@@ -119,13 +119,13 @@ def weights(
     hf: str = "model",
 ) -> dict[str, Node]:
     """`names`: the folder's tensor names (unused: the family has one spelling)."""
-    out = gpt.ends(model, padded_vocab, meg, hf)
-    for i in range(model.num_layers):
-        m, h = f"{meg}decoder.layers.{i}", f"{hf}.layers.{i}"
+
+    def layer(i: int, m: str, h: str) -> dict[str, Node]:
         norm = f"{h}.post_attention_layernorm.weight"
-        out |= gpt.attention(model, m, h)
         if i < model.moe_first_k_dense_layers:
-            out |= gpt.dense_mlp(m, f"{h}.mlp", norm)
+            mlp = gpt.dense_mlp(m, f"{h}.mlp", norm)
         else:
-            out |= gpt.moe_mlp(model, m, norm, f"{h}.mlp.gate.weight", f"{h}.mlp.experts.{{}}")
-    return out
+            mlp = gpt.moe_mlp(model, m, norm, f"{h}.mlp.gate.weight", f"{h}.mlp.experts.{{}}")
+        return gpt.attention(model, m, h) | mlp
+
+    return gpt.decoder(model, padded_vocab, meg, hf, layer)
