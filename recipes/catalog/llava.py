@@ -12,8 +12,13 @@ Data: an Energon dataset and the language model's tokenizer, both local:
     recipes data prepare /data/llava/LCS-558K /data/llava/pretrain   # images + captions
     recipes run llava_llama3_8b_pretrain data.path=/data/llava/pretrain \\
         data.tokenizer=/models/Meta-Llama-3-8B
-The default paths below are placeholders for those two overrides. Pretrained CLIP and Llama 3
-weights must come from a converted Megatron checkpoint; this catalog does not convert HF weights.
+The default paths below are placeholders for those overrides. Starting weights
+(`checkpoint.pretrained_dir`): stage 2 takes stage 1's checkpoints, or a llava-hf folder
+(LlavaForConditionalGeneration: CLIP, projector and language model in one) together with
+`model=<that folder>`, since llava-hf's LLaVA-1.5 reads the ViT's second-to-last layer without the
+class token where this preset keeps 24 layers and the class token (README, "Starting from Hugging
+Face weights"). Stage 1 from separate CLIP and Llama 3 folders is not bridged: the pretrained
+weights come from one folder or checkpoint.
 
 `tiny_llava_pretrain` runs the same model code on two CPU processes over the synthetic set of
 `recipes data make-synthetic-vlm runs/synthetic_vlm`.
@@ -80,9 +85,12 @@ def llava_llama3_8b_pretrain() -> TrainingConfig:
 
 @recipe(nodes=1, source=SFT_SOURCE)
 def llava_llama3_8b_sft() -> TrainingConfig:
-    """LLaVA stage 2 on 8 H100s: train the projector and Llama 3 8B, CLIP ViT-L/14-336 frozen."""
+    """LLaVA stage 2 on 8 H100s: train the projector and Llama 3 8B, CLIP ViT-L/14-336 frozen,
+    from stage 1's weights (checkpoint.pretrained_dir: a placeholder to override, see above)."""
     model = llava_llama3_8b(4096, freeze_language=False)
-    return _llava(model, tp=2, gbs=128, lr=2e-5, steps=5198, data="sft")
+    cfg = _llava(model, tp=2, gbs=128, lr=2e-5, steps=5198, data="sft")
+    cfg.checkpoint.pretrained_dir = "/runs/llava_llama3_8b_pretrain/checkpoints"  # placeholder
+    return cfg
 
 
 @recipe(nodes=1, gpus_per_node=2, gpu="cpu", source="CPU smoke recipe, not a published run")
