@@ -7,6 +7,7 @@ what `export` writes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,19 @@ def test_import_then_export_gives_every_tensor_back_bit_for_bit(
     model.to(dtype).save_pretrained(tmp_path / "hf")
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
     assert (tmp_path / "imported" / "latest").read_text().strip() == "iter_0000000"
-    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
+    # Files of at most ~50 KB: several shards and their index, as save_pretrained shards.
+    export = [
+        "export",
+        str(tmp_path / "imported"),
+        str(tmp_path / "back"),
+        "--max-shard-gb",
+        "2e-4",
+    ]
+    assert main(export) == 0
+    index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
     original, back = tensors(tmp_path / "hf"), tensors(tmp_path / "back")
-    assert sorted(back) == sorted(original)
+    assert sorted(back) == sorted(original) == sorted(index["weight_map"])
     for name, value in original.items():
         assert back[name].dtype == value.dtype == dtype, name
         assert torch.equal(back[name], value), name
@@ -113,8 +124,6 @@ def test_export_refuses_a_folder_that_is_not_empty_and_import_a_missing_one(
 def test_the_tokenizer_files_travel_with_the_weights(tmp_path: Path) -> None:
     """A folder's tokenizer (a BPE trained here, with its tokenizer_config.json) comes out of
     import + export unchanged, and transformers' AutoTokenizer reads the same ids from both."""
-    import json
-
     from data.make_tokenizer import train_bpe_tokenizer
 
     tiny_llama(tmp_path / "hf")
