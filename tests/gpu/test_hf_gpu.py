@@ -11,14 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from config.tree import write_yaml
 from recipes.cli import main
 from tests.hf_oracle import hf_config
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import launch_many
-from tests.smoke.test_hf_layouts import deepseek_v3, llama, qwen3_moe, tensors
+from tests.smoke.test_hf_layouts import (
+    assert_loaded_as_saved,
+    deepseek_v3,
+    llama,
+    qwen3_moe,
+    tensors,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.gpu
@@ -38,8 +43,5 @@ def test_a_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path: Path, make) -> 
     assert outcome.error is None, outcome.failure("hf_gpu")
     out = tmp_path / "export"
     assert main(["export", str(tmp_path / "run" / "checkpoints"), str(out)]) == 0
-    original, exported = tensors(folder), tensors(out)
-    assert sorted(exported) == sorted(original)
-    for key, value in original.items():
-        assert torch.equal(exported[key], value), key
+    assert_loaded_as_saved(tensors(folder), tensors(out), make.__name__)
     transformers.AutoModelForCausalLM.from_pretrained(out)

@@ -126,8 +126,18 @@ def test_every_layout_loads_exactly_the_folders_weights(tmp_path: Path) -> None:
         assert outcomes[name].error is None, outcomes[name].failure(name)
         out = tmp_path / "export" / name
         assert main(["export", str(tmp_path / name / "checkpoints"), str(out)]) == 0
-        original, exported = tensors(folder), tensors(out)
-        assert sorted(exported) == sorted(original), name
-        for key, value in original.items():
-            assert exported[key].dtype == value.dtype, (name, key)
+        assert_loaded_as_saved(tensors(folder), tensors(out), name)
+
+
+def assert_loaded_as_saved(
+    original: dict[str, torch.Tensor], exported: dict[str, torch.Tensor], name: str
+) -> None:
+    """Every tensor as in the folder, bit for bit, but DeepSeek-V3's expert bias: it moves by the
+    step's expert load whatever the LR (Megatron-Core's default update rate: 1e-3 per step)."""
+    assert sorted(exported) == sorted(original), name
+    for key, value in original.items():
+        assert exported[key].dtype == value.dtype, (name, key)
+        if key.endswith("e_score_correction_bias"):
+            assert (exported[key] - value).abs().max() <= 1e-3 + 1e-6, (name, key)
+        else:
             assert torch.equal(exported[key], value), (name, key)
