@@ -82,9 +82,14 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         # What `recipes export` needs to write a Hugging Face folder: the architecture, the
         # tokenizer's files, and the Hugging Face folder the run started from (its config.json).
         "model": to_dict(cfg.model),
-        "tokenizer": cfg.data.tokenizer,
+        "tokenizer": _absolute(cfg.data.tokenizer),
         "hf_origin": hf_origin(cfg),
     }
+
+
+def _absolute(path: str | None) -> str | None:
+    """A path as `recipes export` finds it from another working directory."""
+    return str(Path(path).resolve()) if path and Path(path).exists() else path
 
 
 def hf_origin(cfg: TrainingConfig) -> str | None:
