@@ -19,18 +19,40 @@ class GpuSpec:
     fp4_tflops: float | None = None
     fp8_blockwise: bool = False  # 1x128 / 128x128 block scaling (Hopper and later)
     mxfp8: bool = False  # microscaling FP8 and NVFP4 need Blackwell tensor cores
+    # GPUs that NVLink joins: None for one node (DGX/HGX boards); 72 for a GB200 NVL72 rack.
+    nvlink_domain: int | None = None
+    # Per GPU, one direction, GB/s: NVLink inside the domain; the scale-out network beyond it.
+    nvlink_gb_s: float = 0.0
+    network_gb_s: float = 0.0
 
 
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec(name="a100-40g", memory_gib=39.4, bf16_tflops=312.0),
-        GpuSpec(name="a100", memory_gib=79.2, bf16_tflops=312.0),
+        # Link figures: NVLink 3 / 4 / 5 at 600 / 900 / 1800 GB/s per GPU both ways (NVIDIA's A100,
+        # H100 and B200 data sheets), halved for one direction; the network as DGX A100 (one
+        # 200 Gb/s HDR NIC per GPU) and DGX H100 / B200 / GB200 (one 400 Gb/s NIC per GPU) build it.
         GpuSpec(
-            name="h100", memory_gib=79.2, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True
+            name="a100-40g", memory_gib=39.4, bf16_tflops=312.0, nvlink_gb_s=300, network_gb_s=25
+        ),
+        GpuSpec(name="a100", memory_gib=79.2, bf16_tflops=312.0, nvlink_gb_s=300, network_gb_s=25),
+        GpuSpec(
+            name="h100",
+            memory_gib=79.2,
+            bf16_tflops=989.0,
+            fp8_tflops=1979.0,
+            fp8_blockwise=True,
+            nvlink_gb_s=450,
+            network_gb_s=50,
         ),
         GpuSpec(
-            name="h200", memory_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0, fp8_blockwise=True
+            name="h200",
+            memory_gib=139.8,
+            bf16_tflops=989.0,
+            fp8_tflops=1979.0,
+            fp8_blockwise=True,
+            nvlink_gb_s=450,
+            network_gb_s=50,
         ),
         GpuSpec(
             name="b200",
@@ -40,6 +62,8 @@ GPUS: dict[str, GpuSpec] = {
             fp4_tflops=9000.0,
             fp8_blockwise=True,
             mxfp8=True,
+            nvlink_gb_s=900,
+            network_gb_s=50,
         ),
         GpuSpec(
             name="gb200",
@@ -49,6 +73,9 @@ GPUS: dict[str, GpuSpec] = {
             fp4_tflops=10000.0,
             fp8_blockwise=True,
             mxfp8=True,
+            nvlink_domain=72,  # NVL72: 18 trays of 4 GPUs on one NVLink switch fabric
+            nvlink_gb_s=900,
+            network_gb_s=50,
         ),
     )
 }
@@ -63,10 +90,18 @@ class Cluster:
     num_nodes: int = 1
     gpus_per_node: int = 8
     gpu: str = "h100"
+    # GPUs per NVLink domain; None: the GPU kind's (72 for GB200 NVL72), else one node.
+    nvlink_domain: int | None = None
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def domain(self) -> int:
+        """GPUs that reach each other over NVLink: consecutive ranks, as Slurm places them."""
+        size = self.nvlink_domain or self.spec.nvlink_domain or self.gpus_per_node
+        return max(1, size)
 
     @property
     def spec(self) -> GpuSpec:

@@ -67,6 +67,8 @@ class Profile:
     nodes: int | None = None  # default for --nodes
     gpus_per_node: int | None = None  # default for --gpus-per-node
     gpu: str | None = None  # default for --gpu: a100, h100, h200, b200, gb200
+    # default for --nvlink-domain: GPUs joined by NVLink (None: a node; 72 for GB200 NVL72)
+    nvlink_domain: int | None = None
     cpus_per_task: int | None = None  # one task per node runs torchrun and all its ranks
     mem: str | None = None  # e.g. "0" (all of the node's memory)
     sbatch_flags: list[str] = field(default_factory=list)  # anything else, e.g. "--gres=gpu:8"

@@ -15,6 +15,7 @@ from config.estimate import MemoryEstimate, estimate_memory, model_flops_per_tok
 from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.rules import Problem, validate
+from config.rules.topology import topology
 from config.schema import TrainingConfig
 
 EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
@@ -29,6 +30,8 @@ class Report:
     memory: MemoryEstimate | None
     flops_per_token: float | None
     fixes: list[str] = field(default_factory=list)  # overrides predicted to make it fit
+    # Valid but costly (config/rules/topology.py): the exit code does not change.
+    warnings: list[Problem] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -61,6 +64,7 @@ class Report:
             "memory_breakdown_gib": _breakdown(mem) if mem else None,
             "model_tflops_per_token": self.flops_per_token / 1e12 if self.flops_per_token else None,
             "fixes": self.fixes,
+            "warnings": [{"field": w.field, "message": w.message} for w in self.warnings],
         }
 
 
@@ -83,6 +87,8 @@ def check(cfg: TrainingConfig, cluster: Cluster, *, suggest_fixes: bool = True) 
         else None
     )
     report = Report(cfg, cluster, derived, problems, memory, flops)
+    if report.valid and suggest_fixes:
+        report.warnings = topology(cfg, cluster, derived)
     if report.valid and not report.fits and suggest_fixes:
         report.fixes = fixes_that_fit(cfg, cluster)
     return report
@@ -175,6 +181,10 @@ def render(report: Report) -> str:
         verdict = "fits" if report.fits else "DOES NOT FIT"
         of = f" of {limit:.1f} GiB" if limit else ""
         lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB{of}: {verdict}")
+    if report.warnings:
+        lines.append("")
+        lines.append(f"{len(report.warnings)} warning(s), valid all the same:")
+        lines += [f"  {w.field}: {w.message}" for w in report.warnings]
     if report.problems:
         lines.append("")
         lines.append(f"{len(report.problems)} problem(s):")

@@ -24,6 +24,11 @@ def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (processes) per node")
     parser.add_argument("--gpu", choices=[*GPUS, "cpu"], help="GPU kind (default: the recipe's)")
+    parser.add_argument(
+        "--nvlink-domain",
+        type=int,
+        help="GPUs joined by NVLink (default: a node; 72 for GB200 NVL72)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +119,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
-    report = check(cfg, recipe.sized(args.nodes, args.gpus_per_node, args.gpu))
+    report = check(cfg, recipe.sized(args.nodes, args.gpus_per_node, args.gpu, args.nvlink_domain))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
 

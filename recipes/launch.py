@@ -94,6 +94,7 @@ def _cluster(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Clus
             args.gpus_per_node, profile.gpus_per_node, None if published_on_cpu or not cpu else 2
         ),
         gpu="cpu" if cpu else (args.gpu or profile.gpu),
+        nvlink_domain=first(getattr(args, "nvlink_domain", None), profile.nvlink_domain),
     )
 
 

@@ -26,6 +26,14 @@ def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Prob
                 "nodes and gpus_per_node) as 1 or more",
             )
         )
+    elif cluster.nvlink_domain is not None and not 1 <= cluster.nvlink_domain <= MAX_GPUS:
+        out.append(
+            Problem(
+                "cluster.nvlink_domain",
+                f"{cluster.nvlink_domain} GPUs per NVLink domain; give --nvlink-domain (or the "
+                "profile's nvlink_domain) as 1 or more: a node's GPU count, or 72 for GB200 NVL72",
+            )
+        )
     elif cluster.world_size > MAX_GPUS:
         out.append(
             Problem(
