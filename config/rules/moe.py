@@ -1,4 +1,7 @@
-"""Mixture of experts: experts over EP, the router's top-k, EP x ETP within a pipeline stage."""
+"""Mixture of experts: experts over EP, the router's top-k, EP x ETP within a pipeline stage, and
+what Megatron-Core 0.19.2 asserts of an MoE model in its TransformerConfig, its MoE layer, experts,
+router and token dispatcher (the first training step at the latest). tests/test_rules_moe_oracle.py
+holds these rules against Megatron-Core's own code."""
 
 from __future__ import annotations
 
@@ -36,7 +39,153 @@ def moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         out.append(
             Problem("model.moe_router_topk", f"must be between 1 and num_moe_experts={experts}")
         )
+    return out + _layers(cfg) + _widths(cfg, etp) + _router(cfg) + _dispatcher(cfg, ep, etp)
+
+
+def _layers(cfg: TrainingConfig) -> list[Problem]:
+    """Dense layers first, the rest MoE; and MoE layers want sequence parallel under TP."""
+    model, par = cfg.model, cfg.parallel
+    tp, out = par.tensor_model_parallel_size, []
+    if model.moe_first_k_dense_layers > model.num_layers:
+        # Megatron-Core's layer specs assert len(moe_layer_freq) == num_layers.
+        out.append(
+            Problem(
+                "model.moe_first_k_dense_layers",
+                f"is {model.moe_first_k_dense_layers} but the model has only "
+                f"model.num_layers={model.num_layers}; use at most {model.num_layers - 1}",
+            )
+        )
+    if tp > 1 and not par.sequence_parallel:
+        # MoELayer.forward raises in training when the TP group has >1 rank and SP is off.
+        out.append(
+            Problem(
+                "parallel.sequence_parallel",
+                f"is off with TP={tp} in an MoE model (model.num_moe_experts="
+                f"{model.num_moe_experts}); Megatron-Core's MoE layer refuses to train that way: "
+                "set parallel.sequence_parallel=true, or parallel.tensor_model_parallel_size=1",
+            )
+        )
     return out
+
+
+def _widths(cfg: TrainingConfig, etp: int) -> list[Problem]:
+    """Each expert's FFN is split over ETP, the shared experts' over TP (their linear layers)."""
+    model, tp, out = cfg.model, cfg.parallel.tensor_model_parallel_size, []
+    expert = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    if expert % etp:
+        field = (
+            "model.moe_ffn_hidden_size" if model.moe_ffn_hidden_size else "model.ffn_hidden_size"
+        )
+        name = "expert tensor-parallel size" + (
+            "" if cfg.parallel.expert_tensor_parallel_size else ", which defaults to TP"
+        )
+        out.append(
+            Problem(
+                field,
+                f"={expert}, each expert's FFN width, is not divisible by ETP={etp} (the {name}); "
+                f"use a width divisible by {etp}, or parallel.expert_tensor_parallel_size in "
+                f"{{{choices(divisors(expert))}}}",
+            )
+        )
+    shared = model.moe_shared_expert_intermediate_size
+    if shared is not None and shared % tp:
+        out.append(
+            Problem(
+                "model.moe_shared_expert_intermediate_size",
+                f"={shared} is not divisible by TP={tp}: the shared experts split their FFN over "
+                f"the tensor-parallel group; use a multiple of {tp}, or TP in "
+                f"{{{choices(divisors(shared))}}}",
+            )
+        )
+    if model.add_bias_linear and etp != 1:
+        # TransformerConfig: "Bias in Moe is only supported when ETP==1".
+        out.append(
+            Problem(
+                "model.add_bias_linear",
+                f"is true in an MoE model with ETP={etp}; Megatron-Core supports expert biases only "
+                "with parallel.expert_tensor_parallel_size=1 (or set model.add_bias_linear=false)",
+            )
+        )
+    return out
+
+
+def _router(cfg: TrainingConfig) -> list[Problem]:
+    """What TransformerConfig and the router assert of the routing fields."""
+    model, out = cfg.model, []
+    experts, topk = model.num_moe_experts or 0, model.moe_router_topk
+    score, balance = model.moe_router_score_function, model.moe_router_load_balancing_type
+    if (
+        topk == 1
+        and score == "softmax"
+        and not model.moe_router_pre_softmax
+        and balance != "sinkhorn"
+    ):
+        # A softmax over the single chosen logit is 1 everywhere: the router would get no gradient.
+        out.append(
+            Problem(
+                "model.moe_router_pre_softmax",
+                "is false with model.moe_router_topk=1 and softmax scores; a softmax over one "
+                "logit has zero gradient, so Megatron-Core refuses it: set "
+                "model.moe_router_pre_softmax=true (or use topk > 1, or sigmoid scores)",
+            )
+        )
+    if model.moe_router_enable_expert_bias and score != "sigmoid":
+        out.append(
+            Problem(
+                "model.moe_router_enable_expert_bias",
+                f"needs sigmoid scores in Megatron-Core, but model.moe_router_score_function="
+                f"'{score}'; set it to sigmoid or unset the expert bias",
+            )
+        )
+    if balance == "sinkhorn" and model.moe_aux_loss_coeff != 0:
+        # The router asserts moe_aux_loss_coeff == 0 in its first forward step.
+        out.append(
+            Problem(
+                "model.moe_aux_loss_coeff",
+                f"is {model.moe_aux_loss_coeff} with sinkhorn load balancing, which has no "
+                "auxiliary loss; set model.moe_aux_loss_coeff=0",
+            )
+        )
+    groups, group_topk = model.moe_router_num_groups, model.moe_router_group_topk
+    if group_topk:
+        if not groups:
+            out.append(
+                Problem(
+                    "model.moe_router_num_groups",
+                    f"is unset but model.moe_router_group_topk={group_topk} asks for group-limited "
+                    "routing; set the number of expert groups (e.g. the EP size)",
+                )
+            )
+        elif experts % groups:
+            out.append(
+                Problem(
+                    "model.moe_router_num_groups",
+                    f"={groups} does not divide model.num_moe_experts={experts}; use one of "
+                    f"{{{choices(divisors(experts))}}}",
+                )
+            )
+        elif group_topk > groups:
+            out.append(
+                Problem(
+                    "model.moe_router_group_topk",
+                    f"={group_topk} exceeds model.moe_router_num_groups={groups}; use at most {groups}",
+                )
+            )
+    return out
+
+
+def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:
+    """The flex dispatcher (DeepEP, Megatron-Core's default backend) exchanges tokens over the
+    expert TP x EP group and asserts that it has more than one rank."""
+    if cfg.model.moe_token_dispatcher_type != "flex" or ep * etp > 1:
+        return []
+    return [
+        Problem(
+            "model.moe_token_dispatcher_type",
+            "'flex' (DeepEP) needs expert TP x EP > 1, here ETP x EP = 1 x 1; use alltoall, or "
+            "raise parallel.expert_model_parallel_size",
+        )
+    ]
 
 
 def _expert_grid(cfg: TrainingConfig, d: Derived, ep: int, etp: int) -> list[Problem]:

@@ -56,7 +56,10 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
                 f"KV heads: use TP in {{{choices(divisors(groups))}}}",
             )
         )
-    if model.ffn_hidden_size % tp:
+    # Only dense layers split ffn_hidden_size over TP: none when every layer is MoE (the MoE
+    # rules check the experts' widths; an MTP layer copies the last, MoE, layer).
+    dense = not model.num_moe_experts or model.moe_first_k_dense_layers > 0
+    if dense and model.ffn_hidden_size % tp:
         out.append(
             Problem(
                 "parallel.tensor_model_parallel_size",

@@ -1,0 +1,244 @@
+"""The checker's MoE rules held against Megatron-Core 0.19.2's own code (issue 9).
+
+A seeded sample of near-valid MoE configs (a valid base with one to three fields moved around a
+rule: TP, SP, EP, ETP, the FFN widths, top-k, pre-softmax, score function, load balancing, the
+dispatcher, biases, group-limited routing, dense layers) goes through `config.rules.validate` and
+through Megatron-Core:
+
+- `TransformerConfig(...)` as the engine builds it (`models.gpt.transformer_config`, on the CPU;
+  it needs no process group), then Megatron-Core's decoder layer specs for it;
+- the rules Megatron-Core applies later, when process groups exist (they cannot be built here:
+  `initialize_model_parallel` on torch's fake process group crashes on a machine without CUDA) or
+  in the first training step, emulated from its source and named below (`_first_step`). The
+  divisibility ones call Megatron-Core's own `divide`, as its parallel linear layers do.
+
+The test asserts the same verdict (valid or not) from both, config by config.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs  # noqa: E402
+from megatron.core.utils import divide  # noqa: E402
+
+from config.finalize import Derived, finalize  # noqa: E402
+from config.hardware import Cluster  # noqa: E402
+from config.rules import validate  # noqa: E402
+from config.schema import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig  # noqa: E402
+from models.gpt import transformer_config  # noqa: E402
+
+H100x8 = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
+SAMPLES = 300
+
+# Rules where the checker is stricter than Megatron-Core on purpose: none in the sampled space.
+# (A config that only Megatron-Core accepts would fail the test; list the rule here, with why,
+# and exclude it from the sample.)
+STRICTER: dict[str, str] = {}
+
+
+def base() -> TrainingConfig:
+    """A small MoE model on 8 H100s (TP 2 with SP, EP 4) that both sides accept."""
+    return TrainingConfig(
+        name="moe_oracle",
+        model=ModelConfig(
+            num_layers=4,
+            hidden_size=256,
+            ffn_hidden_size=1024,
+            num_attention_heads=8,
+            num_query_groups=4,
+            seq_length=512,
+            vocab_size=1024,
+            num_moe_experts=8,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=512,
+        ),
+        train=TrainConfig(global_batch_size=32, max_steps=10_000),
+        parallel=ParallelConfig(
+            tensor_model_parallel_size=2, sequence_parallel=True, expert_model_parallel_size=4
+        ),
+    )
+
+
+# field -> values to try around each rule
+MOVES: dict[str, list] = {
+    "parallel.tensor_model_parallel_size": [1, 2, 4],
+    "parallel.sequence_parallel": [True, False],
+    "parallel.expert_model_parallel_size": [1, 2, 4, 8],
+    "parallel.expert_tensor_parallel_size": [None, 1, 2, 4],
+    "model.ffn_hidden_size": [1024, 1022, 1026, 1030],
+    "model.moe_ffn_hidden_size": [None, 512, 510, 513, 514],
+    "model.moe_shared_expert_intermediate_size": [None, 512, 514, 513],
+    "model.moe_first_k_dense_layers": [0, 0, 1, 4, 5],
+    "model.moe_router_topk": [1, 2, 8, 9],
+    "model.moe_router_pre_softmax": [True, False],
+    "model.moe_router_score_function": ["softmax", "sigmoid"],
+    "model.moe_router_load_balancing_type": ["aux_loss", "sinkhorn", "none"],
+    "model.moe_aux_loss_coeff": [0.0, 1e-2],
+    "model.moe_token_dispatcher_type": ["alltoall", "allgather", "flex"],
+    "model.add_bias_linear": [False, True],
+    "model.moe_router_enable_expert_bias": [False, True],
+    "model.moe_router_num_groups": [None, 2, 3, 4],
+    "model.moe_router_group_topk": [None, 1, 2, 5],
+    "model.mtp_num_layers": [None, 1],
+}
+
+
+def _set(cfg: TrainingConfig, path: str, value: object) -> None:
+    section, name = path.split(".")
+    setattr(getattr(cfg, section), name, value)
+
+
+# Corners that random moves reach rarely: each rule's edge, on one side and the other.
+CASES: list[list[tuple[str, object]]] = [
+    # the flex dispatcher over one rank, and over two
+    [
+        ("parallel.tensor_model_parallel_size", 1),
+        ("parallel.sequence_parallel", False),
+        ("parallel.expert_model_parallel_size", 1),
+        ("model.moe_token_dispatcher_type", "flex"),
+    ],
+    [
+        ("parallel.tensor_model_parallel_size", 1),
+        ("parallel.sequence_parallel", False),
+        ("parallel.expert_model_parallel_size", 2),
+        ("model.moe_token_dispatcher_type", "flex"),
+    ],
+    [("parallel.expert_model_parallel_size", 1), ("parallel.expert_tensor_parallel_size", 1)]
+    + [("model.moe_token_dispatcher_type", "flex")],
+    # a dense FFN width that TP does not divide, used by no layer, by a dense first layer
+    [("parallel.tensor_model_parallel_size", 4), ("model.ffn_hidden_size", 1026)],
+    [
+        ("parallel.tensor_model_parallel_size", 4),
+        ("model.ffn_hidden_size", 1026),
+        ("model.moe_first_k_dense_layers", 1),
+    ],
+    # ... and as the experts' width (moe_ffn_hidden_size unset), split over ETP 1 or TP
+    [("model.ffn_hidden_size", 1026), ("model.moe_ffn_hidden_size", None)],
+    [
+        ("parallel.tensor_model_parallel_size", 4),
+        ("model.ffn_hidden_size", 1026),
+        ("model.moe_ffn_hidden_size", None),
+        ("parallel.expert_tensor_parallel_size", 1),
+        ("parallel.expert_model_parallel_size", 8),
+    ],
+    # top-1 softmax routing: without pre-softmax, with it, with sinkhorn (no aux loss)
+    [("model.moe_router_topk", 1)],
+    [("model.moe_router_topk", 1), ("model.moe_router_pre_softmax", True)],
+    [("model.moe_router_topk", 1), ("model.moe_router_load_balancing_type", "sinkhorn")]
+    + [("model.moe_aux_loss_coeff", 0.0)],
+    # MoE with TP and no SP; with TP 1 and no SP
+    [("parallel.sequence_parallel", False)],
+    [("parallel.tensor_model_parallel_size", 1), ("parallel.sequence_parallel", False)],
+    # DeepSeek-V3's router: sigmoid, expert bias, groups
+    [
+        ("model.moe_router_score_function", "sigmoid"),
+        ("model.moe_router_enable_expert_bias", True),
+        ("model.moe_router_num_groups", 4),
+        ("model.moe_router_group_topk", 2),
+    ],
+]
+
+
+def samples() -> list[tuple[list[tuple[str, object]], TrainingConfig]]:
+    rng = random.Random(9)
+    out = []
+    for moves in CASES:
+        cfg = base()
+        for path, value in moves:
+            _set(cfg, path, value)
+        out.append((moves, cfg))
+    fields = sorted(MOVES)
+    for _ in range(SAMPLES):
+        cfg = base()
+        moves = [(f, rng.choice(MOVES[f])) for f in rng.sample(fields, rng.randint(1, 3))]
+        for path, value in moves:
+            _set(cfg, path, value)
+        out.append((moves, cfg))
+    return out
+
+
+def _first_step(cfg: TrainingConfig, d: Derived, config) -> str | None:
+    """What Megatron-Core 0.19.2 refuses after TransformerConfig: at initialize_model_parallel, at
+    the model build, or in the first training step. Each from its source, cited."""
+    m, par = cfg.model, cfg.parallel
+    tp, pp, ep = (
+        par.tensor_model_parallel_size,
+        par.pipeline_model_parallel_size,
+        par.expert_model_parallel_size,
+    )
+    etp, world = config.expert_tensor_parallel_size, d.world_size
+    # parallel_state.initialize_model_parallel: the decoder and the expert grids.
+    if world % (tp * pp * par.context_parallel_size):
+        return "world not divisible by TP x PP x CP"
+    if world % (etp * ep * pp):
+        return "world not divisible by expert_tensor_model_pipeline_parallel size"
+    if not m.num_moe_experts:
+        return None
+    # MoELayer.__init__: assert num_moe_experts % ep_size == 0
+    if m.num_moe_experts % ep:
+        return "num_moe_experts % EP"
+    try:
+        # ColumnParallelLinear / RowParallelLinear (and TE's) divide their width by their TP group:
+        # the experts by the expert TP group, shared experts and dense MLPs by TP.
+        divide(config.moe_ffn_hidden_size, etp)
+        if m.moe_shared_expert_intermediate_size:
+            divide(m.moe_shared_expert_intermediate_size, tp)
+        if 0 in config.moe_layer_freq:
+            divide(config.ffn_hidden_size, tp)
+    except AssertionError as err:
+        return f"divide: {err}"
+    # MoELayer.forward: raises in training when the attention TP group has >1 rank without SP.
+    if tp > 1 and not par.sequence_parallel:
+        return "MoE with TP > 1 needs sequence parallel"
+    # MoEFlexTokenDispatcher.__init__ (DeepEP backend, the default): assert tp_size * ep_size > 1,
+    # tp_size being the expert TP group's.
+    if m.moe_token_dispatcher_type == "flex" and etp * ep == 1:
+        return "flex dispatcher needs ETP x EP > 1"
+    # TopKRouter.sinkhorn_load_balancing: assert moe_aux_loss_coeff == 0.
+    if m.moe_router_load_balancing_type == "sinkhorn" and m.moe_aux_loss_coeff != 0:
+        return "sinkhorn with an aux loss"
+    # TopKRouter's torch.topk over num_moe_experts scores: k must not exceed them.
+    if m.moe_router_topk > m.num_moe_experts:
+        return "topk > num_moe_experts"
+    return None
+
+
+def megatron_refuses(cfg: TrainingConfig, cluster: Cluster) -> str | None:
+    d = finalize(cfg, cluster)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = transformer_config(cfg, d, "cpu", torch.float32)
+            get_gpt_decoder_layer_specs(config, use_transformer_engine=False)
+    except (ValueError, AssertionError) as err:
+        return f"{type(err).__name__}: {err}"
+    return _first_step(cfg, d, config)
+
+
+def test_base_is_valid_on_both_sides() -> None:
+    assert validate(base(), H100x8) == []
+    assert megatron_refuses(base(), H100x8) is None
+
+
+def test_checker_agrees_with_megatron_core() -> None:
+    disagree, refused = [], 0
+    for moves, cfg in samples():
+        problems = validate(copy.deepcopy(cfg), H100x8)
+        theirs = megatron_refuses(cfg, H100x8)
+        refused += theirs is not None
+        if bool(problems) != (theirs is not None):
+            ours = [f"{p.field}: {p.message}" for p in problems]
+            disagree.append(f"{moves}\n  checker: {ours}\n  Megatron-Core: {theirs}")
+    total = SAMPLES + len(CASES)
+    print(f"MoE oracle: {total - len(disagree)}/{total} agree ({refused} refused by Megatron-Core)")
+    assert not disagree, f"{len(disagree)} of {total} disagree:\n" + "\n".join(disagree)
+    # The sample must exercise both verdicts.
+    assert 0.2 * total < refused < 0.9 * total
