@@ -88,6 +88,37 @@ def check(
         problems.append(
             f"holds {flat.count('m')} MTP layers 'm' but model.mtp_num_layers={mtp_layers}"
         )
+    if "m" in flat and len(chunks) % pp == 0:
+        problems += _mtp_placement(chunks, pp)
+    return problems
+
+
+def _mtp_placement(chunks: list[list[str]], pp: int) -> list[str]:
+    """Where Megatron-Core's PipelineParallelLayerLayout.validate_layer_layout lets MTP layers
+    go: after every decoder layer, all in one chunk, and that chunk the last (virtual) stage of
+    its pipeline rank."""
+    problems = []
+    flat = [c for chunk in chunks for c in chunk]
+    first = flat.index("m")
+    if "t" in flat[first:]:
+        problems.append(
+            "places an MTP layer 'm' before a transformer layer 't'; the MTP layers follow "
+            "every decoder layer: move the 'm's after the last 't'"
+        )
+    holding = [i for i, chunk in enumerate(chunks) if "m" in chunk]
+    if len(holding) > 1:
+        problems.append(
+            f"spreads the MTP layers 'm' over chunks {holding}; Megatron-Core builds them all in "
+            "one chunk: put every 'm' in the same chunk"
+        )
+    vpp = len(chunks) // pp
+    early = [i for i in holding if i // pp < vpp - 1]
+    if early:
+        problems.append(
+            f"puts MTP layers 'm' in chunk {early[0]} (pipeline rank {early[0] % pp}, virtual "
+            f"stage {early[0] // pp} of {vpp}); MTP layers must be in the last virtual stage of "
+            f"their rank (chunks {(vpp - 1) * pp} to {vpp * pp - 1})"
+        )
     return problems
 
 
@@ -96,14 +127,18 @@ def balanced(num_layers: int, mtp_layers: int, num_chunks: int) -> list[list[str
 
     The embedding and the loss each cost about one layer, so they take a layer's place: 126 layers
     of Llama 3.1 405B over 64 chunks become "Et|(tt|)*62tL". Balanced means every chunk carries the
-    same number of units; anything else would leave one stage the straggler of every step.
+    same number of units; anything else would leave one stage the straggler of every step. None
+    too when the split would spread two or more MTP layers over chunks, which Megatron-Core refuses.
     """
     units = num_layers + mtp_layers + 2
     if units % num_chunks:
         return None
     per = units // num_chunks
     sequence = ["E"] + ["t"] * num_layers + ["m"] * mtp_layers + ["L"]
-    return [sequence[i * per : (i + 1) * per] for i in range(num_chunks)]
+    chunks = [sequence[i * per : (i + 1) * per] for i in range(num_chunks)]
+    if sum("m" in chunk for chunk in chunks) > 1:
+        return None  # Megatron-Core builds every MTP layer in one chunk
+    return chunks
 
 
 def decoder_layers_per_rank(chunks: list[list[str]], pp: int) -> list[int]:

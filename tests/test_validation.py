@@ -62,9 +62,9 @@ INVALID = [
     (["parallel.context_parallel_size=3"], None, "parallel.context_parallel_size"),
     (["parallel.tensor_model_parallel_size=3"], None, "parallel.tensor_model_parallel_size"),
     (
-        ["parallel.tensor_model_parallel_size=16"],
+        ["parallel.tensor_model_parallel_size=16", "model.num_query_groups=8", "model.seq_length=8190"],
         Cluster(num_nodes=2, gpus_per_node=8),
-        "parallel.tensor_model_parallel_size",
+        "model.seq_length",  # TP 16 over 8 KV groups replicates them (Megatron-Core runs it)
     ),
     (
         ["parallel.pipeline_model_parallel_size=3"],

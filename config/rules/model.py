@@ -34,8 +34,48 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 f"{groups} must divide num_attention_heads={model.num_attention_heads}",
             )
         )
-    if model.recompute_granularity == "full" and model.recompute_method not in ("uniform", "block"):
-        out.append(Problem("model.recompute_method", "full recompute needs 'uniform' or 'block'"))
+    out += _recompute(model)
+    return out
+
+
+def _recompute(model: ModelConfig) -> list[Problem]:
+    """TransformerConfig.__post_init__'s recompute rules: full recompute needs a method and a
+    layer count; selective recompute takes no layer count (a method it accepts and ignores). An
+    unknown granularity or method is named by the choices rule (the schema's Literal)."""
+    granularity, method, layers = (
+        model.recompute_granularity,
+        model.recompute_method,
+        model.recompute_num_layers,
+    )
+    out: list[Problem] = []
+    if granularity == "full":
+        if method is None:
+            out.append(
+                Problem(
+                    "model.recompute_method",
+                    "model.recompute_granularity=full needs model.recompute_method 'uniform' "
+                    "(checkpoint every recompute_num_layers layers) or 'block' (the first "
+                    "recompute_num_layers layers of each pipeline stage); e.g. "
+                    "model.recompute_method=uniform",
+                )
+            )
+        if layers is None:
+            out.append(
+                Problem(
+                    "model.recompute_num_layers",
+                    "model.recompute_granularity=full needs model.recompute_num_layers (1 to "
+                    "the layers per pipeline stage), e.g. model.recompute_num_layers=1",
+                )
+            )
+    elif granularity == "selective" and layers is not None:
+        out.append(
+            Problem(
+                "model.recompute_num_layers",
+                f"is {layers}, but model.recompute_granularity=selective recomputes parts of "
+                "every layer and takes no layer count; unset model.recompute_num_layers "
+                "(model.recompute_num_layers=None) or use model.recompute_granularity=full",
+            )
+        )
     return out
 
 

@@ -46,7 +46,27 @@ def precision(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
                 f"precision={closest_runnable(preset, gpu)}. Or use a GPU in {', '.join(able)}",
             )
         ]
-    return []
+    return _bf16_ends(cfg, preset)
+
+
+def _bf16_ends(cfg: TrainingConfig, preset: PrecisionPreset) -> list[Problem]:
+    """FP8 with the first and last layer in BF16: TransformerConfig wants that one layer to fit in
+    num_layers // PP, the layers of an even pipeline stage; with fewer layers than pipeline stages
+    (a layout that leaves stages without a layer) it refuses to build."""
+    pp, layers = cfg.parallel.pipeline_model_parallel_size, cfg.model.num_layers
+    if not preset.first_last_layers_bf16 or preset.fp8_recipe in (None, "nvfp4") or pp < 1:
+        return []
+    if layers // pp >= 1:
+        return []
+    return [
+        Problem(
+            "precision",
+            f"{cfg.precision} keeps the first and last layer in BF16, which Megatron-Core allows "
+            f"only with at least one layer per pipeline stage: model.num_layers={layers} // "
+            f"PP={pp} = 0; use PP <= {layers} or a preset without BF16 ends (e.g. "
+            f"precision={preset.params_dtype}_with_fp8_subchannel_scaling_mixed)",
+        )
+    ]
 
 
 def cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
