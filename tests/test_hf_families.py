@@ -106,12 +106,8 @@ def test_mixtral_logits_match_transformers(tmp_path: Path) -> None:
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
 
 
-@pytest.mark.parametrize(
-    "normalised, dense", [(True, []), (False, [0])], ids=["norm_topk", "pre_softmax_dense_first"]
-)
-def test_qwen3_moe_logits_match_transformers(
-    tmp_path: Path, normalised: bool, dense: list[int]
-) -> None:
+def tiny_qwen3_moe(folder: Path, normalised: bool, dense: list[int]) -> torch.nn.Module:
+    """Four experts, top 2; `dense`: mlp_only_layers (the first layers without experts)."""
     config = transformers.Qwen3MoeConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -127,7 +123,16 @@ def test_qwen3_moe_logits_match_transformers(
         mlp_only_layers=dense,
         initializer_range=INIT,
     )
-    reference = save(transformers.Qwen3MoeForCausalLM, config, tmp_path / "hf")
+    return save(transformers.Qwen3MoeForCausalLM, config, folder)
+
+
+@pytest.mark.parametrize(
+    "normalised, dense", [(True, []), (False, [0])], ids=["norm_topk", "pre_softmax_dense_first"]
+)
+def test_qwen3_moe_logits_match_transformers(
+    tmp_path: Path, normalised: bool, dense: list[int]
+) -> None:
+    reference = tiny_qwen3_moe(tmp_path / "hf", normalised, dense)
     model = hf_config(tmp_path / "hf", tmp_path / "run").model
     assert model.moe_router_pre_softmax == (not normalised)
     assert model.moe_first_k_dense_layers == len(dense)
@@ -302,21 +307,7 @@ def tiny(family: str, folder: Path) -> torch.nn.Module:
     """One tiny model per family, for the round trips below."""
     if family == "deepseek_v3":
         return tiny_deepseek_v3(folder, yarn=True)
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        moe_intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        mlp_only_layers=[0],
-        initializer_range=INIT,
-    )
-    return save(transformers.Qwen3MoeForCausalLM, config, folder)
+    return tiny_qwen3_moe(folder, normalised=False, dense=[0])  # transformers' default norm
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])

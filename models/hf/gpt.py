@@ -273,6 +273,24 @@ def ends(
     return out
 
 
+def softmax_moe(model: ModelConfig) -> bool:
+    """A GPT whose MoE routes by softmax with none of DeepSeek-V3's extras (shared experts,
+    expert bias, group-limited routing, scaled weights) and no MLA or biases: what Mixtral and
+    Qwen3-MoE share, each `matches` adding its own fields."""
+    return (
+        model.arch == "gpt"
+        and bool(model.num_moe_experts)
+        and not model.multi_latent_attention
+        and not model.add_qkv_bias
+        and not model.add_bias_linear
+        and model.moe_router_score_function == "softmax"
+        and not model.moe_shared_expert_intermediate_size
+        and not model.moe_router_enable_expert_bias
+        and not model.moe_router_num_groups
+        and not model.moe_router_topk_scaling_factor
+    )
+
+
 Layer = Callable[[int, str, str], dict[str, Node]]
 
 

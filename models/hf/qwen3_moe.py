@@ -96,19 +96,7 @@ def to_hf(model: ModelConfig) -> dict[str, Any]:
 
 
 def matches(model: ModelConfig) -> bool:
-    return (
-        model.arch == "gpt"
-        and bool(model.num_moe_experts)
-        and model.qk_layernorm
-        and not model.multi_latent_attention
-        and not model.add_qkv_bias
-        and not model.add_bias_linear
-        and model.moe_router_score_function == "softmax"
-        and not model.moe_shared_expert_intermediate_size
-        and not model.moe_router_enable_expert_bias
-        and not model.moe_router_num_groups
-        and not model.moe_router_topk_scaling_factor
-    )
+    return gpt.softmax_moe(model) and model.qk_layernorm
 
 
 def weights(
