@@ -134,7 +134,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """`import` / `export`: exit 0 with the folder written, 2 with a named problem."""
     from pathlib import Path
 
-    from training.hf_convert import ConvertError, export_hf, import_hf
+    from training.hf_convert import ConvertError
+    from training.hf_export import export_hf
+    from training.hf_import import import_hf
 
     try:
         if args.command == "import":

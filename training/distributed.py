@@ -28,7 +28,8 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a one-process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -48,7 +49,7 @@ def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -
         return False
     if "MASTER_ADDR" not in os.environ:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     if device == "cuda":
         torch.cuda.set_device(launch.local_rank)
         dist.init_process_group(

@@ -14,30 +14,25 @@ named. The optimizer then reloads its FP32 main weights from the model.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
 
-from config.hf import differences, family, read_config
+from config.hf import differences, read_config
 from config.schema import ModelConfig
 from models.hf.gpt import alias
 from models.hf.mapping import Node, read, shape_of
 from models.hf.safetensors_io import HfWeights
 from training.checkpoint_state import model_chunks
+from training.hf_convert import family_module
 
 # A key of stacked layers: "<prefix>layers.<name>" with no layer number after "layers."
 STACKED = re.compile(r"(.*\blayers)\.(\D.*)")
-
-
-def family_module(hf: dict[str, Any], folder: Path) -> ModuleType:
-    return importlib.import_module(family(hf, folder).module)
 
 
 def mismatch_message(model: ModelConfig, folder: Path, where: str) -> str | None:
