@@ -31,7 +31,7 @@ from config.hardware import Cluster
 from config.rules import validate
 from config.schema import TrainingConfig
 from config.tree import apply_overrides
-from tests.test_validation import llama_like
+from tests.test_validation import H100x8, llama_like
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
@@ -52,6 +52,9 @@ STRICTER = {
     "vpp_conflict": "parallel.virtual_pipeline_model_parallel_size that contradicts the layout's "
     "chunk count: models/gpt.py hands Megatron-Core the layout's VPP, so the user's value would be "
     "ignored without a word",
+    "rope_scaling": "RoPE scaling Megatron-Core would not apply (YaRN outside multi-latent attention, "
+    "llama3 inside it or without RoPE): it accepts the config and ignores the field "
+    "(test_rope_scaling_that_megatron_would_ignore_is_refused)",
 }
 
 
@@ -300,3 +303,18 @@ def test_derived_layouts_keep_mtp_in_one_chunk(
             megatron_ok = False
         assert (d.pipeline_layout is not None) == megatron_ok, naive
         assert bool(problems) == (not megatron_ok), [p.message for p in problems]
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model.rope_scaling=yarn"], "multi-latent attention only"),
+        (["model.rope_scaling=llama3", "model.position_embedding_type=learned_absolute"], "unset"),
+    ],
+)
+def test_rope_scaling_that_megatron_would_ignore_is_refused(
+    overrides: list[str], says: str
+) -> None:
+    cfg = apply_overrides(llama_like(), overrides)
+    problems = validate(cfg, H100x8)
+    assert [p.field for p in problems] == ["model.rope_scaling"] and says in problems[0].message

@@ -62,7 +62,11 @@ INVALID = [
     (["parallel.context_parallel_size=3"], None, "parallel.context_parallel_size"),
     (["parallel.tensor_model_parallel_size=3"], None, "parallel.tensor_model_parallel_size"),
     (
-        ["parallel.tensor_model_parallel_size=16", "model.num_query_groups=8", "model.seq_length=8190"],
+        [
+            "parallel.tensor_model_parallel_size=16",
+            "model.num_query_groups=8",
+            "model.seq_length=8190",
+        ],
         Cluster(num_nodes=2, gpus_per_node=8),
         "model.seq_length",  # TP 16 over 8 KV groups replicates them (Megatron-Core runs it)
     ),
@@ -484,18 +488,3 @@ def test_config_yaml_is_replaced_whole_or_not_at_all(
     write_yaml(changed, path)
     assert "max_steps: 7" in path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
-
-
-@pytest.mark.parametrize(
-    "overrides, says",
-    [
-        (["model.rope_scaling=yarn"], "multi-latent attention only"),
-        (["model.rope_scaling=llama3", "model.position_embedding_type=learned_absolute"], "unset"),
-    ],
-)
-def test_rope_scaling_that_megatron_would_ignore_is_refused(
-    overrides: list[str], says: str
-) -> None:
-    cfg = apply_overrides(llama_like(), overrides)
-    problems = validate(cfg, H100x8)
-    assert [p.field for p in problems] == ["model.rope_scaling"] and says in problems[0].message
