@@ -173,11 +173,14 @@ def safetensors_tensors(folder: str | Path) -> dict[str, tuple[str, str, tuple[i
     return out
 
 
-def model_from_hf(folder: str | Path, seq_length: int | None = None) -> ModelConfig:
+def model_from_hf(
+    folder: str | Path, seq_length: int | None = None, names: set[str] | None = None
+) -> ModelConfig:
     """The architecture a Hugging Face folder describes, as our model section.
 
     `seq_length` is a training choice, not the model's: the recipe's when given, else the
-    folder's max_position_embeddings capped at 4096.
+    folder's max_position_embeddings capped at 4096. `names`: the folder's tensor names when the
+    caller has read its headers already (else they are read here).
     """
     hf = read_config(folder)
     entry = family(hf, folder)
@@ -189,7 +192,8 @@ def model_from_hf(folder: str | Path, seq_length: int | None = None) -> ModelCon
             f"quant_method {method!r}); dequantize them to BF16 first (DeepSeek-V3's FP8 release "
             "ships a script for it)"
         )
-    names = set(safetensors_tensors(folder)) if is_hf_folder(folder) else set()
+    if names is None:
+        names = set(safetensors_tensors(folder)) if is_hf_folder(folder) else set()
     model: ModelConfig = load(f"{entry.module}:to_model")(hf, names)
     if seq_length is not None:
         model.seq_length = seq_length
@@ -222,9 +226,11 @@ def _effective(model: ModelConfig, name: str) -> Any:
     return value
 
 
-def differences(model: ModelConfig, folder: str | Path) -> list[tuple[str, Any, Any]]:
+def differences(
+    model: ModelConfig, folder: str | Path, names: set[str] | None = None
+) -> list[tuple[str, Any, Any]]:
     """(field, ours, the folder's) for each architecture field where `model` and the folder differ."""
-    theirs = model_from_hf(folder, model.seq_length)
+    theirs = model_from_hf(folder, model.seq_length, names)
     out = []
     for name in ARCH_FIELDS:
         a, b = _effective(model, name), _effective(theirs, name)

@@ -35,9 +35,11 @@ from training.hf_convert import family_module
 STACKED = re.compile(r"(.*\blayers)\.(\D.*)")
 
 
-def mismatch_message(model: ModelConfig, folder: Path, where: str) -> str | None:
+def mismatch_message(
+    model: ModelConfig, folder: Path, where: str, names: set[str] | None = None
+) -> str | None:
     """Why `model` cannot take the folder's weights (each differing field, both values), or None."""
-    found = differences(model, folder)
+    found = differences(model, folder, names)
     if not found:
         return None
     listed = "; ".join(
@@ -93,11 +95,12 @@ def load_hf_weights(model: list[Any], cfg: Any, padded_vocab: int, folder: Path)
     """The folder's weights into this rank's chunks, in place (every rank calls this)."""
     hf = read_config(folder)
     where = f"checkpoint.pretrained_dir={str(folder)!r}"
-    problem = mismatch_message(cfg.model, folder, where)
+    source = HfWeights(folder)  # the headers, read once for the check and the map
+    names = set(source.tensors)
+    problem = mismatch_message(cfg.model, folder, where, names)
     if problem:
         raise ValueError(problem)
-    source = HfWeights(folder)
-    weights = family_module(hf, folder).weights(cfg.model, padded_vocab, set(source.tensors))
+    weights = family_module(hf, folder).weights(cfg.model, padded_vocab, names)
     chunks = model_chunks(model)
     try:
         for chunk in chunks.values():
