@@ -24,6 +24,7 @@ class GpuSpec:
     # Per GPU, one direction, GB/s: NVLink inside the domain; the scale-out network beyond it.
     nvlink_gb_s: float = 0.0
     network_gb_s: float = 0.0
+    hbm_gb_s: float = 0.0  # memory bandwidth, for the step-time model's memory-bound work
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -32,12 +33,27 @@ GPUS: dict[str, GpuSpec] = {
         # Link figures: NVLink 3 / 4 / 5 at 600 / 900 / 1800 GB/s per GPU both ways (NVIDIA's A100,
         # H100 and B200 data sheets), halved for one direction; the network as DGX A100 (one
         # 200 Gb/s HDR NIC per GPU) and DGX H100 / B200 / GB200 (one 400 Gb/s NIC per GPU) build it.
+        # HBM bandwidth from the same data sheets (A100 40/80 GB 1.6/2.0 TB/s, H100 SXM 3.35,
+        # H200 4.8, B200 and GB200 8 TB/s per GPU).
         GpuSpec(
-            name="a100-40g", memory_gib=39.4, bf16_tflops=312.0, nvlink_gb_s=300, network_gb_s=25
+            name="a100-40g",
+            hbm_gb_s=1555,
+            memory_gib=39.4,
+            bf16_tflops=312.0,
+            nvlink_gb_s=300,
+            network_gb_s=25,
         ),
-        GpuSpec(name="a100", memory_gib=79.2, bf16_tflops=312.0, nvlink_gb_s=300, network_gb_s=25),
+        GpuSpec(
+            name="a100",
+            hbm_gb_s=2039,
+            memory_gib=79.2,
+            bf16_tflops=312.0,
+            nvlink_gb_s=300,
+            network_gb_s=25,
+        ),
         GpuSpec(
             name="h100",
+            hbm_gb_s=3350,
             memory_gib=79.2,
             bf16_tflops=989.0,
             fp8_tflops=1979.0,
@@ -47,6 +63,7 @@ GPUS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="h200",
+            hbm_gb_s=4800,
             memory_gib=139.8,
             bf16_tflops=989.0,
             fp8_tflops=1979.0,
@@ -56,6 +73,7 @@ GPUS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="b200",
+            hbm_gb_s=8000,
             memory_gib=178.4,
             bf16_tflops=2250.0,
             fp8_tflops=4500.0,
@@ -67,6 +85,7 @@ GPUS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="gb200",
+            hbm_gb_s=8000,
             memory_gib=184.0,
             bf16_tflops=2500.0,
             fp8_tflops=5000.0,
@@ -102,6 +121,12 @@ class Cluster:
         """GPUs that reach each other over NVLink: consecutive ranks, as Slurm places them."""
         size = self.nvlink_domain or self.spec.nvlink_domain or self.gpus_per_node
         return max(1, size)
+
+    def crosses(self, block: int) -> bool:
+        """Whether blocks of `block` consecutive ranks (a TP group, a TP x CP group, the ranks
+        that hold a strided group) leave their NVLink domain."""
+        domain = self.domain
+        return block > 1 and self.world_size > domain and (block > domain or domain % block != 0)
 
     @property
     def spec(self) -> GpuSpec:

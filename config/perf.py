@@ -1,0 +1,418 @@
+"""Predicted step time of a training config on a cluster: an analytic model in plain Python.
+
+`recipes plan` ranks thousands of layouts with it and `recipes check` prices a warning with it, on a
+login node, so nothing here imports torch. A step on the slowest pipeline rank is
+
+    microbatches x (that rank's time per microbatch)          compute and exposed communication
+  + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
+  + pipeline sends + data-parallel gradient/parameter traffic not hidden + the optimizer step
+
+and a rank's time per microbatch is the sum over its layers (forward and backward) of:
+
+- gemm: the layer's matmul FLOPs / TP (routed experts: top-k of them) at the GEMM rate of the run's
+  precision, `peak x efficiency / (1 + d0/M + d0/N + d0/K)`: small GEMMs (a TP shard, the tokens one
+  expert receives) run further from the peak. The output layer and attention stay in BF16.
+- attention: the causal score and value FLOPs (config/estimate.py) at the flash-attention rate.
+- memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
+  passes over the bytes a layer saves for its backward (config/estimate.py), at HBM bandwidth.
+- tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
+- cp: the ring exchange of keys and values (and their gradients) across CP, less the attention it
+  hides behind.
+- ep: the MoE token alltoall (dispatch and combine, forward and backward), a share exposed; the part
+  that leaves the NVLink domain goes at network speed.
+- recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
+  EP traffic); selective recomputes the attention forward.
+
+A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
+consecutive ranks stays inside a domain, else over the network (config/hardware.py). Not modelled:
+kernel launch and host overheads, stragglers, load imbalance between experts, Megatron-FSDP, the
+vision encoder's compute, and communication contending with compute for memory bandwidth.
+
+The constants live in one table, CONSTANTS, with their sources; tests/test_plan_calibration.py
+reports the error on every published run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from config.estimate import (
+    ParamCount,
+    _attention,
+    _head_dim,
+    _layer_activations,
+    _mlp,
+    count_parameters,
+    model_flops_per_token,
+)
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+
+# name -> (value, source). Fractions are of config/hardware.py's data-sheet peaks and links.
+CONSTANTS: dict[str, tuple[float, str]] = {
+    "gemm_bf16": (
+        0.70,
+        "cuBLAS BF16 GEMMs of 8192^3 reach ~790 of 989 TFLOPS on H100 SXM (NVIDIA's H100 tuning "
+        "guide, nvidia-smi clocks at 1.98 GHz); calibrated on PUBLISHED_LAYOUTS",
+    ),
+    "gemm_fp8": (
+        0.58,
+        "TE FP8 GEMMs reach ~1,200-1,300 of 1,979 TFLOPS on H100 at transformer sizes (TE's "
+        "benchmarks); calibrated on the FP8 runs of PUBLISHED_LAYOUTS",
+    ),
+    "gemm_fp4": (0.55, "assumed below FP8's: no published NVFP4 run to calibrate on"),
+    "gemm_half_dim": (
+        128.0,
+        "the GEMM dimension at which a GEMM loses half its rate: cuBLAS tiles are 128-256 wide; "
+        "calibrated (MoE experts of width 768 and 2048)",
+    ),
+    "expert_half_dim": (
+        1024.0,
+        "the same for MoE experts' grouped GEMMs, which run far from cuBLAS's dense rate at small "
+        "sizes (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on Qwen3 "
+        "30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
+    ),
+    "attention_half_len": (
+        512.0,
+        "the query/key block length at which flash attention loses half its rate: context "
+        "parallelism runs it on blocks of seq/CP; calibrated",
+    ),
+    "attention": (
+        0.45,
+        "flash attention forward+backward, causal, head dim 128: ~450 of 989 TFLOPS BF16 on H100 "
+        "(FlashAttention-3 paper, Shah et al. 2024, figs. 5-6; cuDNN's fused attention is similar)",
+    ),
+    "memory_passes": (
+        4.0,
+        "memory-bound kernels read and write each saved activation about four times (forward "
+        "write, backward read, norm and activation kernels); calibrated",
+    ),
+    "fp8_cast_bytes": (
+        6.0,
+        "bytes moved per FP8 GEMM input element: amax read (2) + BF16 read (2) + FP8 write (1) "
+        "forward, ~the same for the gradient; TE's current-scaling cast kernels",
+    ),
+    "nvlink": (
+        0.80,
+        "NCCL bus bandwidth / NVLink's one-way figure: nccl-tests all-reduce ~360 of 450 GB/s on "
+        "DGX H100",
+    ),
+    "network": (
+        0.90,
+        "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC "
+        "(nccl-tests on DGX H100 SuperPODs)",
+    ),
+    "tp_exposed": (
+        0.40,
+        "share of TP collectives not hidden: TE's userbuffers overlap the rest with the GEMMs "
+        "(Megatron-Bridge performance configs set tp_comm_overlap); calibrated",
+    ),
+    "ep_exposed": (
+        0.30,
+        "share of the MoE alltoall not hidden (Megatron-Core's a2a overlap and shared-expert "
+        "overlap in the published MoE runs); calibrated",
+    ),
+    "p2p_exposed": (
+        0.30,
+        "share of pipeline sends not hidden: the interleaved schedule overlaps them "
+        "(overlap_p2p_comm), 1F1B batches them with compute; calibrated",
+    ),
+    "layer_overhead_s": (
+        3e-4,
+        "fixed seconds per layer and microbatch, forward and backward: ~60 kernel launches at "
+        "~5 us each when the host issues them (no CUDA graphs), which small work units do not "
+        "hide; calibrated",
+    ),
+    "optimizer_bytes": (
+        32.0,
+        "bytes per parameter of the optimizer step: read and write the FP32 master and both Adam "
+        "moments (24), read the gradient (4) and write the BF16 weight (2), rounded up",
+    ),
+}
+VALUES: dict[str, float] = {name: value for name, (value, _) in CONSTANTS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    seconds: float
+    terms: dict[str, float]  # seconds of the step spent on each term (they add up to `seconds`)
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float  # model FLOPs by the causal formula
+    mfu: float  # against the dense peak of the precision the GEMMs run in
+
+    @property
+    def bottleneck(self) -> tuple[str, float]:
+        """The largest term beyond the GEMMs and attention (the useful work), with its share."""
+        name = max((t for t in self.terms if t not in ("gemm", "attention")), key=self.terms.get)
+        return name, self.terms[name] / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """Seconds per microbatch (forward + backward) on one GPU, by layer kind and term."""
+
+    dense: dict[str, float]
+    moe: dict[str, float]
+    mtp_extra: dict[str, float]  # an MTP layer's projection, on top of its decoder layer
+    embedding: dict[str, float]
+    output: dict[str, float]  # the output layer and cross entropy (once more per MTP layer)
+    params: dict[str, float]  # parameters per GPU of each kind, sharded as Megatron shards them
+    flops_per_token: float  # model FLOPs, causal formula (config/estimate.py)
+
+
+TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
+
+
+def _peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
+    """Dense TFLOPS of the precision the decoder's GEMMs run in, and that precision's name."""
+    spec, recipe = cluster.spec, derived.preset.fp8_recipe if derived.preset else None
+    if recipe == "nvfp4" and spec.fp4_tflops:
+        return spec.fp4_tflops, "fp4"
+    if recipe and spec.fp8_tflops:
+        return spec.fp8_tflops, "fp8"
+    return spec.bf16_tflops, "bf16"
+
+
+def layer_costs(
+    cfg: TrainingConfig, cluster: Cluster, derived: Derived, k: dict[str, float] = VALUES
+) -> LayerCosts:
+    m, par, spec = cfg.model, cfg.parallel, cluster.spec
+    moe = bool(m.num_moe_experts)
+    t, c = par.tensor_model_parallel_size, par.context_parallel_size
+    e = par.expert_model_parallel_size if moe else 1
+    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    s, h = m.seq_length, m.hidden_size
+    tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
+    peak, kind = _peak(cfg, cluster, derived)
+    lin = 1 if kind != "bf16" else 2
+    half = k["gemm_half_dim"]
+
+    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, half=half) -> float:
+        return flops / (rate * 1e12 / (1 + half / rows + half / cols + half / depth))
+
+    rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+
+    def link(block: int) -> float:
+        return net if cluster.crosses(block) else nvl
+
+    hbm = spec.hbm_gb_s * 1e9
+    sp = t if par.sequence_parallel and t > 1 else 1
+    att_mm = _attention(m)[0]
+    if m.multi_latent_attention:
+        d_qk, d_v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        kv_width = m.num_attention_heads * (d_qk + d_v) / t  # MLA with CP exchanges full K and V
+    else:
+        d_qk = d_v = _head_dim(m)
+        kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
+    attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
+    attention /= spec.bf16_tflops * 1e12 * k["attention"] / (1 + k["attention_half_len"] * c / s)
+    tp = 8 * tokens * h * 2 * (t - 1) / t / link(t) * k["tp_exposed"] if t > 1 else 0.0
+    cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c) if c > 1 else 0.0
+    cp = max(0.0, cp - attention)
+
+    def memory(is_moe: bool) -> float:
+        outside, inside = _layer_activations(m, is_moe, lin)
+        passes = k["memory_passes"] * tokens * (outside / sp + inside / t)
+        if kind != "bf16":  # FP8 casts of every linear layer's input (the bytes at 1 per element)
+            o0, i0 = _layer_activations(m, is_moe, 0)
+            passes += k["fp8_cast_bytes"] * tokens * ((outside - o0) / sp + (inside - i0) / t)
+        return passes / hbm
+
+    attn_gemm = gemm(6 * tokens * att_mm / t, tokens, h / t, h, rate)
+    dense = {
+        "gemm": attn_gemm
+        + gemm(
+            6 * tokens * _mlp(m, m.ffn_hidden_size)[0] / t, tokens, m.ffn_hidden_size / t, h, rate
+        ),
+        "attention": attention,
+        "memory": memory(False),
+        "tp": tp,
+        "cp": cp,
+        "ep": 0.0,
+        "overhead": k["layer_overhead_s"],
+    }
+    count = count_parameters(cfg)
+    layer = dense
+    if moe:
+        E, topk = m.num_moe_experts, m.moe_router_topk
+        fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
+        per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
+        experts = gemm(
+            6 * tokens * topk * _mlp(m, fe)[0] / t,
+            per_expert,
+            fe / et,
+            h,
+            rate,
+            k["expert_half_dim"],
+        )
+        shared = gemm(6 * tokens * _mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
+        router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
+        ep = 0.0
+        if e > 1:  # each alltoall moves the rank's tokens x top-k hidden vectors in BF16
+            volume = 4 * tokens / sp * topk * h * 2
+            inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
+            ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
+            ep *= k["ep_exposed"]
+        layer = {
+            **dense,
+            "gemm": attn_gemm + experts + shared + router,
+            "memory": memory(True),
+            "ep": ep,
+        }
+    vocab = derived.padded_vocab_size or m.vocab_size
+    output = {
+        "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
+        "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
+    }
+    return LayerCosts(
+        dense=dense,
+        moe=layer,
+        mtp_extra={"gemm": gemm(6 * tokens * 2 * h * h / t, tokens, h / t, 2 * h, rate)},
+        embedding={"memory": k["memory_passes"] * tokens * h * 2 / sp / hbm},
+        output=output,
+        params=shard_params(count, t, e * et),
+        flops_per_token=model_flops_per_token(cfg),
+    )
+
+
+def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, float]:
+    """Parameters per GPU of each kind of layer: dense ones / TP, experts / (EP x ETP)."""
+    return {
+        "dense": count.dense_per_layer / tp,
+        "moe": (count.attention_per_layer + count.moe_shared_per_layer) / tp,
+        "experts": count.experts_per_layer / experts_split,
+        "embedding": count.embedding / tp,
+        "output": (count.output or count.embedding) / tp,
+    }
+
+
+@lru_cache(maxsize=4096)
+def rank_loads(
+    chunks: tuple[tuple[str, ...], ...],
+    pp: int,
+    first_moe: int,
+    num_layers: int,
+    recompute: tuple[str | None, str | None, int],
+) -> tuple[tuple[float, ...], ...]:
+    """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
+    selective) layer counts, from the chunks and the recompute fields."""
+    granularity, method, group = recompute
+    loads = [[0.0] * 8 for _ in range(pp)]
+    layer = 0
+    for index, chunk in enumerate(chunks):
+        load, in_chunk = loads[index % pp], 0
+        for c in chunk:
+            if c == "E":
+                load[5] += 1
+            elif c == "L":
+                load[6] += 1
+            else:
+                is_moe = (layer if c == "t" else num_layers) >= first_moe
+                layer += c == "t"
+                full = granularity == "full" and (method != "block" or in_chunk < group)
+                in_chunk += 1
+                load[(1 if is_moe else 0) + (2 if full else 0)] += 1
+                load[4] += c == "m"
+                load[7] += granularity == "selective"
+    return tuple(tuple(load) for load in loads)
+
+
+def _rank_terms(costs: LayerCosts, load: tuple[float, ...]) -> dict[str, float]:
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, selective = load
+    terms = dict.fromkeys(TERMS, 0.0)
+    for name in TERMS:
+        d, x = costs.dense[name], costs.moe[name]
+        terms[name] = (dense + dense_rc) * d + (moe + moe_rc) * x
+        # Full recompute runs the forward again: a third of the compute, half the traffic.
+        again = 0.5 if name in ("tp", "ep", "overhead") else (0.0 if name == "cp" else 1 / 3)
+        terms[name] += again * (dense_rc * d + moe_rc * x)
+        terms[name] += mtp * costs.mtp_extra.get(name, 0.0)
+        terms[name] += emb * costs.embedding.get(name, 0.0)
+        terms[name] += (out + mtp) * costs.output.get(name, 0.0)
+    terms["attention"] += selective * costs.dense["attention"] / 3
+    return terms
+
+
+def predict(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    derived: Derived,
+    k: dict[str, float] = VALUES,
+    costs: LayerCosts | None = None,
+    loads: tuple[tuple[float, ...], ...] | None = None,
+) -> StepTime | None:
+    """The step time of a config; None on the CPU or when the layout cannot be derived."""
+    m, par, spec = cfg.model, cfg.parallel, cluster.spec
+    chunks, dp, microbatches = (
+        derived.pipeline_chunks,
+        derived.data_parallel_size,
+        derived.num_microbatches,
+    )
+    if not spec.bf16_tflops or not chunks or not dp or not microbatches:
+        return None
+    costs = costs or layer_costs(cfg, cluster, derived, k)
+    pp = par.pipeline_model_parallel_size
+    vpp = len(chunks) // pp
+    moe = bool(m.num_moe_experts)
+    first_moe = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
+    if loads is None:
+        recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
+        loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
+    distinct = {load: _rank_terms(costs, load) for load in set(loads)}  # first, middle, last
+    totals = {load: sum(terms.values()) for load, terms in distinct.items()}
+    slowest = max(distinct, key=totals.__getitem__)
+    mean = sum(totals[load] for load in loads) / pp
+    step = {name: microbatches * value for name, value in distinct[slowest].items()}
+    step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
+
+    # Pipeline sends: every chunk boundary, activations forward and their gradients backward.
+    t, c = par.tensor_model_parallel_size, par.context_parallel_size
+    tokens = m.seq_length * cfg.train.micro_batch_size / c
+    sp = t if par.sequence_parallel and t > 1 else 1
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+    send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
+    step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
+
+    # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
+    # optimizer) or all-reduce (twice the bytes of a reduce-scatter); the last microbatch's
+    # backward and the first one's forward hide what overlaps.
+    dense_p, expert_p = rank_params(costs.params, slowest)
+    grad = 4 if par.grad_reduce_in_fp32 else 2
+    sharded = cfg.optimizer.use_distributed_optimizer
+    dense_group = dp * c
+    edp = derived.expert_data_parallel_size or 1
+    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    e = par.expert_model_parallel_size if moe else 1
+    reduce, gather = 0.0, 0.0
+    for params, group, block in ((dense_p, dense_group, t * c * dp), (expert_p, edp, e * et * edp)):
+        if group > 1 and params:
+            bw = net if cluster.crosses(block) else nvl
+            share = params * (group - 1) / group / bw
+            reduce += grad * share * (1 if sharded else 2)
+            gather += 2 * share if sharded else 0.0
+    backward = 2 / 3 * totals[slowest]
+    if par.overlap_grad_reduce:
+        reduce = max(0.0, reduce - backward)
+    if par.overlap_param_gather and sharded:
+        gather = max(0.0, gather - totals[slowest] / 3)  # the first microbatch's forward
+    step["dp"] = reduce + gather
+    shard = dense_p / dense_group + expert_p / edp if sharded else dense_p + expert_p
+    step["optimizer"] = k["optimizer_bytes"] * shard / (spec.hbm_gb_s * 1e9)
+
+    seconds = sum(step.values())
+    tokens_per_gpu = cfg.train.global_batch_size * m.seq_length / seconds / cluster.world_size
+    tflops = tokens_per_gpu * costs.flops_per_token / 1e12
+    peak, _ = _peak(cfg, cluster, derived)
+    return StepTime(seconds, step, tokens_per_gpu, tflops, tflops / peak)
+
+
+def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
+    """(dense, expert) parameters a pipeline rank holds (p from shard_params)."""
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, _ = load
+    moe_layers = moe + moe_rc
+    held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]
+    held += emb * p["embedding"] + out * p["output"]
+    return held, moe_layers * p["experts"]

@@ -1,0 +1,385 @@
+"""`recipes plan`: the layouts of a recipe on a cluster, ranked by predicted step time.
+
+A layout is TP, CP, PP with its virtual stages (Megatron-Core's even split, or the balanced uneven
+layout that gives the embedding and the loss a layer's place), EP and ETP for MoE models. For each
+layout and micro batch size the planner takes the least recompute that fits (none, selective, full
+recompute of the first n layers of every chunk, then of every layer): recompute only costs time, so
+more of it than fits needs is never faster. The distributed optimizer stays on unless pinned off:
+a reduce-scatter plus an all-gather move an all-reduce's bytes, so a plan without it is neither
+faster nor smaller. Fields given on the command line are pinned; the rest is searched.
+
+Search is best-first: every layout and micro batch is first priced without recompute (a bound, as
+recompute only adds time); only the cheapest are then sized for memory and checked with the rules
+of `recipes check`, until the next bound cannot beat the K-th plan found. Nothing here imports
+torch: `plan` answers on a login node (bench/plan_speed.py times DeepSeek-V3 on 1024 GPUs).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from config import layout as layouts
+from config.estimate import GIB, OVERHEAD_GIB, MemoryEstimate, count_parameters, estimate_memory
+from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
+from config.hardware import Cluster
+from config.perf import StepTime, layer_costs, predict, rank_loads, rank_params, shard_params
+from config.rules import validate
+from config.schema import TrainingConfig
+
+# The fields the planner chooses, and so the fields a command-line override pins.
+PAR = "parallel."
+LAYOUT_FIELDS = (
+    PAR + "tensor_model_parallel_size",
+    PAR + "context_parallel_size",
+    PAR + "pipeline_model_parallel_size",
+    PAR + "virtual_pipeline_model_parallel_size",
+    PAR + "pipeline_model_parallel_layout",
+    PAR + "expert_model_parallel_size",
+    PAR + "expert_tensor_parallel_size",
+    PAR + "sequence_parallel",
+    "train.micro_batch_size",
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.recompute_num_layers",
+    "optimizer.use_distributed_optimizer",
+)
+MICRO_BATCHES = (1, 2, 4, 8)
+# The share of GPU memory a plan leaves free: the estimate's error on measured runs and the
+# allocator's fragmentation late in a run. Every published run is predicted within it.
+MEMORY_MARGIN = 0.08
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A parallel layout, before the micro batch and recompute are chosen."""
+
+    tp: int
+    cp: int
+    pp: int
+    vpp: int | None
+    layout: str | None  # an explicit (balanced, uneven) layout string, else Megatron's even split
+    ep: int
+    etp: int | None
+
+    def describe(self) -> str:
+        parts = [f"TP {self.tp}", f"PP {self.pp}", f"VPP {self.vpp or '-'}", f"CP {self.cp}"]
+        if self.ep > 1 or self.etp is not None:
+            parts += [f"EP {self.ep}", f"ETP {self.etp or self.tp}"]
+        return "  ".join(parts) + ("  uneven" if self.layout else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    shape: Shape
+    overrides: list[str]  # a dotlist that `recipes check` and `recipes run` accept
+    step: StepTime
+    memory: MemoryEstimate
+
+    def to_json(self) -> dict:
+        name, share = self.step.bottleneck
+        return {
+            "overrides": self.overrides,
+            "layout": self.shape.describe(),
+            "tokens_per_s_per_gpu": round(self.step.tokens_per_s_per_gpu, 1),
+            "tflops_per_gpu": round(self.step.tflops_per_gpu, 1),
+            "mfu": round(self.step.mfu, 4),
+            "step_s": round(self.step.seconds, 4),
+            "memory_gib_per_gpu": round(self.memory.total_gib, 2),
+            "bottleneck": name,
+            "bottleneck_share": round(share, 4),
+            "terms_s": {term: round(value, 4) for term, value in self.step.terms.items()},
+        }
+
+
+def _powers(limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
+    """(VPP, layout string) choices for PP ranks: the even split and the balanced layout."""
+    m = cfg.model
+    mtp = m.mtp_num_layers or 0
+    out: list[tuple[int | None, str | None]] = []
+    for chunks in range(pp, m.num_layers + 1, pp):
+        vpp = chunks // pp if chunks > pp else None
+        if vpp is not None and pp < 2:
+            break
+        even = m.num_layers % chunks == 0
+        if even:
+            out.append((vpp, None))
+        balanced = layouts.balanced(m.num_layers, mtp, chunks) if pp > 1 else None
+        if balanced:
+            out.append((vpp, layouts.render(balanced)))
+    return out
+
+
+def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> Iterator[Shape]:
+    """Every layout that divides the cluster and the model, within the pinned fields."""
+    m, world = cfg.model, cluster.world_size
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+
+    def choices(name: str, values: list) -> list:
+        return [pinned[PAR + name]] if PAR + name in pinned else values
+
+    tps = [
+        t
+        for t in _powers(min(world, 64))
+        if heads % t == 0 and (groups % t == 0 or t % groups == 0)
+    ]
+    cps = [c for c in _powers(min(world, 16)) if m.seq_length % (2 * c) == 0 or c == 1]
+    experts = m.num_moe_experts or 0
+    for tp in choices("tensor_model_parallel_size", tps):
+        for cp in choices("context_parallel_size", cps):
+            if world % (tp * cp):
+                continue
+            for pp in choices(
+                "pipeline_model_parallel_size", _divisors(world // (tp * cp), m.num_layers)
+            ):
+                pipelines = _pipelines(cfg, pp)
+                if PAR + "pipeline_model_parallel_layout" in pinned:
+                    layout = pinned[PAR + "pipeline_model_parallel_layout"]
+                    pipelines = [(pinned.get(PAR + "virtual_pipeline_model_parallel_size"), layout)]
+                elif PAR + "virtual_pipeline_model_parallel_size" in pinned:
+                    vpp = pinned[PAR + "virtual_pipeline_model_parallel_size"]
+                    pipelines = [p for p in pipelines if p[0] == vpp]
+                for vpp, layout in pipelines:
+                    if not experts:
+                        yield Shape(tp, cp, pp, vpp, layout, 1, None)
+                        continue
+                    for etp in choices("expert_tensor_parallel_size", sorted({1, tp})):
+                        per_stage = world // pp
+                        eps = [
+                            e for e in _divisors(experts, per_stage) if per_stage % (e * etp) == 0
+                        ]
+                        for ep in choices("expert_model_parallel_size", eps):
+                            yield Shape(tp, cp, pp, vpp, layout, ep, etp)
+
+
+def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
+    """(granularity, method, layers) from the cheapest to the most memory-saving."""
+    keys = ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers")
+    if any(key in pinned for key in keys):
+        return [tuple(pinned.get(key, getattr(cfg.model, key.split(".")[1])) for key in keys)]
+    chunks = shape.pp * (shape.vpp or 1)
+    per_chunk = -(-cfg.model.num_layers // chunks)
+    blocks = sorted({n for n in (1, per_chunk // 4, per_chunk // 2, 3 * per_chunk // 4) if n > 0})
+    full = [("full", "block", n) for n in blocks if n < per_chunk]
+    return [(None, None, None), ("selective", None, None), *full, ("full", "uniform", 1)]
+
+
+def _apply(work: TrainingConfig, shape: Shape, mbs: int, recompute: tuple) -> None:
+    par, m = work.parallel, work.model
+    par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
+    par.pipeline_model_parallel_size = shape.pp
+    par.virtual_pipeline_model_parallel_size = shape.vpp
+    par.pipeline_model_parallel_layout = shape.layout
+    par.expert_model_parallel_size, par.expert_tensor_parallel_size = shape.ep, shape.etp
+    par.sequence_parallel = shape.tp > 1
+    work.train.micro_batch_size = mbs
+    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute
+
+
+def overrides(work: TrainingConfig) -> list[str]:
+    """The planner's fields of `work` as a dotlist (None for unset)."""
+    out = []
+    for path in LAYOUT_FIELDS:
+        node, name = path.rsplit(".", 1)
+        value = getattr(getattr(work, node), name)
+        out.append(f"{path}={str(value).lower() if isinstance(value, bool) else value}")
+    return out
+
+
+class _FastDerived:
+    """finalize()'s values for the planner's candidates, from caches: pricing a candidate must
+    take microseconds (finalize re-checks every field's range, for a config nobody has checked)."""
+
+    def __init__(self, work: TrainingConfig, cluster: Cluster) -> None:
+        self.work, self.cluster, self.base = work, cluster, finalize(work, cluster)
+        self.chunks: dict[tuple, list[list[str]] | None] = {}
+        self.loads: dict[tuple, tuple] = {}
+
+    def __call__(self, shape: Shape, mbs: int, recompute: tuple) -> tuple[Derived | None, tuple]:
+        m, world = self.work.model, self.cluster.world_size
+        where = (shape.pp, shape.vpp, shape.layout)
+        if where not in self.chunks:
+            self.chunks[where] = pipeline_chunks(self.work)[0]
+        chunks = self.chunks[where]
+        dp = world // (shape.tp * shape.pp * shape.cp)
+        gbs = self.work.train.global_batch_size
+        if not chunks or gbs % (dp * mbs):
+            return None, ()
+        etp = shape.etp or shape.tp
+        key = (*where, recompute)
+        if key not in self.loads:
+            moe = bool(m.num_moe_experts)
+            first = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
+            steps = (recompute[0], recompute[1], recompute[2] or 1)
+            chunk_tuple = tuple(map(tuple, chunks))
+            self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
+        derived = dataclasses.replace(
+            self.base,
+            model_parallel_size=shape.tp * shape.pp * shape.cp,
+            data_parallel_size=dp,
+            num_microbatches=gbs // (dp * mbs),
+            expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
+            expert_tensor_parallel_size=etp,
+            pipeline_chunks=chunks,
+            pipeline_layout=shape.layout,
+            decoder_layers_per_rank=None,
+            padded_vocab_size=padded_vocab_size(
+                m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
+            ),
+        )
+        return derived, self.loads[key]
+
+
+def plan(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    *,
+    top: int = 5,
+    pinned: dict | None = None,
+    margin: float = MEMORY_MARGIN,
+) -> tuple[list[Plan], int]:
+    """The `top` fastest layouts that `check` accepts and predicts to fit, and how many layouts
+    (with micro batch sizes) were priced."""
+    pinned = pinned or {}
+    work = copy.deepcopy(cfg)
+    if "optimizer.use_distributed_optimizer" not in pinned:
+        work.optimizer.use_distributed_optimizer = True
+    bounds, costs_cache = [], {}
+    mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
+    limit = cluster.spec.memory_gib * (1 - margin)
+    fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
+    for shape in shapes(cfg, cluster, pinned):
+        recompute = _recomputes(cfg, shape, pinned)[0]
+        for mbs in mbs_choices or MICRO_BATCHES:
+            _apply(work, shape, mbs, recompute)
+            derived, loads = fast(shape, mbs, recompute)
+            if derived is None:
+                continue
+            if static(shape, derived, loads):
+                break  # weights and optimizer alone overflow: no micro batch or recompute helps
+            key = (shape.tp, shape.cp, shape.ep, shape.etp, mbs)
+            if key not in costs_cache:
+                costs_cache[key] = layer_costs(work, cluster, derived)
+            step = predict(work, cluster, derived, costs=costs_cache[key], loads=loads)
+            if step is not None:
+                bounds.append((step.seconds, len(bounds), shape, mbs, key))
+    bounds.sort()
+    found: dict[tuple, Plan] = {}  # the fastest plan of each (TP, PP, CP, EP, ETP)
+    kth = float("inf")  # the step time of the top-th plan found so far
+    for bound, _, shape, mbs, key in bounds:
+        if bound >= kth:
+            break  # no plan left can beat the top ones: recompute only adds time
+        recomputes = _recomputes(cfg, shape, pinned)
+        chosen = _least_recompute(work, cluster, shape, mbs, recomputes, limit)
+        if chosen is None:
+            continue
+        derived, memory = chosen
+        step = predict(work, cluster, derived, costs=costs_cache[key])
+        group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
+        if group not in found or step.seconds < found[group].step.seconds:
+            found[group] = Plan(shape, overrides(work), step, memory)
+            times = sorted(p.step.seconds for p in found.values())
+            kth = times[top - 1] if len(times) >= top else kth
+    ranked = sorted(found.values(), key=lambda p: p.step.seconds)
+    return ranked[:top], len(bounds)
+
+
+def _least_recompute(
+    work: TrainingConfig,
+    cluster: Cluster,
+    shape: Shape,
+    mbs: int,
+    recomputes: list[tuple],
+    limit: float,
+) -> tuple[Derived, MemoryEstimate] | None:
+    """Leave `work` at the cheapest recompute that fits and passes the rules; None if none does.
+
+    Memory falls along `recomputes`, so the most saving is tried first and the cheapest that fits
+    found by bisection."""
+
+    def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
+        _apply(work, shape, mbs, recomputes[index])
+        derived = finalize(work, cluster)
+        memory = estimate_memory(work, cluster, derived)
+        return (derived, memory) if memory and memory.total_gib <= limit else None
+
+    if fits(len(recomputes) - 1) is None:
+        return None
+    low, high = 0, len(recomputes) - 1
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    for index in range(high, len(recomputes)):
+        chosen = fits(index)
+        if chosen and not validate(work, cluster, chosen[0]):
+            return chosen
+    return None
+
+
+class _StaticMemory:
+    """Whether a layout's weights, gradients and optimizer state alone overflow the GPU: a lower
+    bound of config/estimate.py's total (no activations), priced in microseconds."""
+
+    def __init__(self, work: TrainingConfig, cluster: Cluster, limit_gib: float) -> None:
+        self.count, self.work = count_parameters(work), work
+        self.limit = (limit_gib - OVERHEAD_GIB) * GIB
+        preset = finalize(work, cluster).preset
+        fp8 = preset is not None and preset.fp8_recipe is not None
+        self.weight = (4 if preset and preset.params_dtype == "fp32" else 2) + (2 if fp8 else 0)
+        self.grad = 4 if work.parallel.grad_reduce_in_fp32 else 2
+        self.opt = 8 if work.optimizer.optimizer == "sgd" else 12
+
+    def __call__(self, shape: Shape, derived: Derived, loads: tuple) -> bool:
+        params = shard_params(self.count, shape.tp, shape.ep * (shape.etp or shape.tp))
+        sharded = self.work.optimizer.use_distributed_optimizer
+        dense_group = derived.data_parallel_size * shape.cp if sharded else 1
+        expert_group = (derived.expert_data_parallel_size or 1) if sharded else 1
+        for load in set(loads):
+            dense, experts = rank_params(params, load)
+            held = (self.weight + self.grad) * (dense + experts)
+            if held + self.opt * (dense / dense_group + experts / expert_group) > self.limit:
+                return True
+        return False
+
+
+def render(cfg: TrainingConfig, cluster: Cluster, plans: list[Plan], priced: int) -> str:
+    lines = [
+        f"recipe   {cfg.name}",
+        f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
+        f"{cluster.world_size} GPUs, NVLink domain {cluster.domain}",
+        f"batch    global {cfg.train.global_batch_size}, seq {cfg.model.seq_length}, "
+        f"precision {cfg.precision}",
+        f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
+        "",
+    ]
+    header = f"{'#':>2}  {'layout':<38} {'MBS':>3}  {'recompute':<14} {'tok/s/GPU':>10} {'MFU':>6} {'GiB':>6}  bottleneck"
+    lines.append(header)
+    for i, p in enumerate(plans, 1):
+        fields = dict(o.split("=", 1) for o in p.overrides)
+        recompute = fields["model.recompute_granularity"]
+        if recompute == "full":
+            recompute += (
+                f" {fields['model.recompute_method']} {fields['model.recompute_num_layers']}"
+            )
+        name, share = p.step.bottleneck
+        lines.append(
+            f"{i:>2}  {p.shape.describe():<38} {fields['train.micro_batch_size']:>3}  "
+            f"{recompute if recompute != 'None' else '-':<14} "
+            f"{p.step.tokens_per_s_per_gpu:>10,.0f} {p.step.mfu:>6.1%} {p.memory.total_gib:>6.1f}  "
+            f"{name} {share:.0%}"
+        )
+    if plans:
+        lines += ["", "run the first with:", "  " + " ".join(plans[0].overrides)]
+    else:
+        lines += ["", "no layout fits; use more GPUs or GPUs with more memory"]
+    return "\n".join(lines)
