@@ -1,4 +1,5 @@
-"""Wall time of `recipes list` and `recipes check` on the largest recipe, as a user sees it.
+"""Wall time of `recipes list`, `recipes check` and `recipes plan` on the largest recipes, as a user
+sees it (`plan deepseek_v3_pretrain` searches the catalog's largest space: 1024 GPUs, MoE).
 
     .venv/bin/python bench/cli_latency.py [--repeat 10]
 
@@ -19,6 +20,8 @@ COMMANDS = {
     "recipes list": ["list"],
     "recipes check llama31_405b_pretrain": ["check", "llama31_405b_pretrain"],
     "recipes check deepseek_v3_pretrain": ["check", "deepseek_v3_pretrain"],
+    "recipes plan deepseek_v3_pretrain": ["plan", "deepseek_v3_pretrain"],
+    "recipes plan llama31_405b_pretrain": ["plan", "llama31_405b_pretrain"],
 }
 
 

@@ -103,8 +103,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", nargs="*", default=[], help="name=value: try other constants")
     args = parser.parse_args()
     constants = dict(perf.VALUES)
+    constants.update({k: float(v) for k, v in (item.split("=") for item in args.set)})
     if args.search:
         constants = search(constants, args.rounds)
         print({k: round(v, 4) for k, v in constants.items()})

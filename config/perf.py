@@ -34,6 +34,7 @@ reports the error on every published run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -69,7 +70,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "calibrated (MoE experts of width 768 and 2048)",
     ),
     "expert_half_dim": (
-        1024.0,
+        3000.0,
         "the same for MoE experts' grouped GEMMs, which run far from cuBLAS's dense rate at small "
         "sizes (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on Qwen3 "
         "30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
@@ -110,7 +111,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "(Megatron-Bridge performance configs set tp_comm_overlap); calibrated",
     ),
     "ep_exposed": (
-        0.30,
+        0.10,
         "share of the MoE alltoall not hidden (Megatron-Core's a2a overlap and shared-expert "
         "overlap in the published MoE runs); calibrated",
     ),
@@ -160,6 +161,8 @@ class LayerCosts:
     output: dict[str, float]  # the output layer and cross entropy (once more per MTP layer)
     params: dict[str, float]  # parameters per GPU of each kind, sharded as Megatron shards them
     flops_per_token: float  # model FLOPs, causal formula (config/estimate.py)
+    # Seconds one unit of each rank_loads slot adds (all terms): a rank's time is a dot product.
+    per_slot: tuple[float, ...] = ()
 
 
 TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
@@ -176,7 +179,11 @@ def _peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[floa
 
 
 def layer_costs(
-    cfg: TrainingConfig, cluster: Cluster, derived: Derived, k: dict[str, float] = VALUES
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    derived: Derived,
+    k: dict[str, float] = VALUES,
+    count: ParamCount | None = None,
 ) -> LayerCosts:
     m, par, spec = cfg.model, cfg.parallel, cluster.spec
     moe = bool(m.num_moe_experts)
@@ -234,7 +241,7 @@ def layer_costs(
         "ep": 0.0,
         "overhead": k["layer_overhead_s"],
     }
-    count = count_parameters(cfg)
+    count = count or count_parameters(cfg)
     layer = dense
     if moe:
         E, topk = m.num_moe_experts, m.moe_router_topk
@@ -267,7 +274,7 @@ def layer_costs(
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
         "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
     }
-    return LayerCosts(
+    costs = LayerCosts(
         dense=dense,
         moe=layer,
         mtp_extra={"gemm": gemm(6 * tokens * 2 * h * h / t, tokens, h / t, 2 * h, rate)},
@@ -275,6 +282,29 @@ def layer_costs(
         output=output,
         params=shard_params(count, t, e * et),
         flops_per_token=model_flops_per_token(cfg),
+    )
+    return dataclasses.replace(costs, per_slot=_per_slot(costs))
+
+
+# Full recompute runs a layer's forward again: a third of its compute, half its traffic.
+AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
+
+
+def _per_slot(costs: LayerCosts) -> tuple[float, ...]:
+    """What one unit of each rank_loads slot adds to a rank's time (_rank_terms, summed)."""
+    dense, moe = sum(costs.dense.values()), sum(costs.moe.values())
+    again_dense = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.dense.items())
+    again_moe = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.moe.items())
+    output = sum(costs.output.values())
+    return (
+        dense,
+        moe,
+        dense + again_dense,
+        moe + again_moe,
+        sum(costs.mtp_extra.values()) + output,
+        sum(costs.embedding.values()),
+        output,
+        costs.dense["attention"] / 3,
     )
 
 
@@ -326,9 +356,7 @@ def _rank_terms(costs: LayerCosts, load: tuple[float, ...]) -> dict[str, float]:
     for name in TERMS:
         d, x = costs.dense[name], costs.moe[name]
         terms[name] = (dense + dense_rc) * d + (moe + moe_rc) * x
-        # Full recompute runs the forward again: a third of the compute, half the traffic.
-        again = 0.5 if name in ("tp", "ep", "overhead") else (0.0 if name == "cp" else 1 / 3)
-        terms[name] += again * (dense_rc * d + moe_rc * x)
+        terms[name] += AGAIN.get(name, 1 / 3) * (dense_rc * d + moe_rc * x)
         terms[name] += mtp * costs.mtp_extra.get(name, 0.0)
         terms[name] += emb * costs.embedding.get(name, 0.0)
         terms[name] += (out + mtp) * costs.output.get(name, 0.0)
@@ -343,8 +371,12 @@ def predict(
     k: dict[str, float] = VALUES,
     costs: LayerCosts | None = None,
     loads: tuple[tuple[float, ...], ...] | None = None,
+    detail: bool = True,
 ) -> StepTime | None:
-    """The step time of a config; None on the CPU or when the layout cannot be derived."""
+    """The step time of a config; None on the CPU or when the layout cannot be derived.
+
+    Without `detail` the layers' terms are one, "layers" (the planner's first pass prices
+    thousands of layouts and needs only the total)."""
     m, par, spec = cfg.model, cfg.parallel, cluster.spec
     chunks, dp, microbatches = (
         derived.pipeline_chunks,
@@ -361,11 +393,14 @@ def predict(
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
         loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
-    distinct = {load: _rank_terms(costs, load) for load in set(loads)}  # first, middle, last
-    totals = {load: sum(terms.values()) for load, terms in distinct.items()}
-    slowest = max(distinct, key=totals.__getitem__)
+    weights = costs.per_slot
+    totals = {load: sum(n * w for n, w in zip(load, weights, strict=True)) for load in set(loads)}
+    slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
     mean = sum(totals[load] for load in loads) / pp
-    step = {name: microbatches * value for name, value in distinct[slowest].items()}
+    if detail:
+        step = {name: microbatches * value for name, value in _rank_terms(costs, slowest).items()}
+    else:
+        step = {"layers": microbatches * totals[slowest]}
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
 
     # Pipeline sends: every chunk boundary, activations forward and their gradients backward.

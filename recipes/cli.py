@@ -1,7 +1,7 @@
-"""The `recipes` command: list, show, check and run catalog recipes; import and export Hugging
-Face folders.
+"""The `recipes` command: list, show, check, plan and run catalog recipes; import and export
+Hugging Face folders.
 
-`list`, `show` and `check` import neither torch nor NeMo-Run, so they answer at once on a login
+`list`, `show`, `check` and `plan` import neither torch nor NeMo-Run, so they answer at once on a login
 node; `run` imports the launchers only when it is called, `import` and `export` the converter.
 """
 
@@ -14,7 +14,9 @@ import sys
 from config.hardware import GPUS
 from config.tree import ConfigError, to_dict, to_yaml
 from data.cli import add_data_parser, cmd_data
-from recipes.check import EXIT_INVALID, check, render
+from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
+from recipes.plan import render as render_plans
 from recipes.registry import all_recipes, resolve
 
 
@@ -48,6 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
         if name == "check":
             _add_cluster_args(p)
+
+    p = sub.add_parser("plan", help="rank layouts (TP, PP, VPP, CP, EP) by predicted step time")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="dotlist overrides; layout fields given are pinned")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--top", type=int, default=5, help="how many layouts to print (default 5)")
+    p.add_argument(
+        "--memory-margin",
+        type=float,
+        default=MEMORY_MARGIN,
+        help=f"share of GPU memory a plan leaves free (default {MEMORY_MARGIN})",
+    )
+    _add_cluster_args(p)
 
     p = sub.add_parser("run", help="check, then launch a recipe")
     p.add_argument("recipe")
@@ -124,6 +139,38 @@ def cmd_check(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Exit 0 with the plans, 2 when the recipe is invalid whatever the layout, 3 when no layout
+    fits."""
+    recipe, cfg = resolve(args.recipe, args.overrides)
+    cluster = recipe.sized(args.nodes, args.gpus_per_node, args.gpu, args.nvlink_domain)
+    if cluster.gpu == "cpu":
+        raise ConfigError(
+            [("--gpu", "is cpu; plan prices GPU layouts: name a GPU kind, e.g. --gpu h100")]
+        )
+    if args.top < 1:
+        raise ConfigError([("--top", f"is {args.top}; ask for at least one plan, e.g. --top 5")])
+    if not 0 <= args.memory_margin < 1:
+        raise ConfigError(
+            [("--memory-margin", f"is {args.memory_margin}; a share of memory in [0, 1), e.g. 0.08")]
+        )
+    plans, priced = plan(
+        cfg, cluster, top=args.top, pinned=pinned(cfg, args.overrides), margin=args.memory_margin
+    )
+    if not plans:  # a problem no layout can fix (precision, model, data) is the checker's to name
+        report = check(cfg, cluster, suggest_fixes=False)
+        report.problems = [p for p in report.problems if not p.field.startswith("parallel.")]
+        report.problems = [p for p in report.problems if p.field not in LAYOUT_FIELDS]
+        if report.problems:
+            print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+            return EXIT_INVALID
+    if args.json:
+        print(json.dumps([p.to_json() for p in plans], indent=2))
+    else:
+        print(render_plans(cfg, cluster, plans, priced, args.recipe, args.overrides))
+    return 0 if plans else EXIT_NO_FIT
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from recipes.launch import run_command
 
@@ -184,6 +231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
+    commands["plan"] = cmd_plan
     commands["data"] = cmd_data
     commands["import"] = commands["export"] = cmd_convert
     try:

@@ -17,7 +17,7 @@ torch: `plan` answers on a login node (bench/plan_speed.py times DeepSeek-V3 on 
 from __future__ import annotations
 
 import copy
-import dataclasses
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,7 +46,7 @@ LAYOUT_FIELDS = (
     "model.recompute_num_layers",
     "optimizer.use_distributed_optimizer",
 )
-MICRO_BATCHES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
 # The share of GPU memory a plan leaves free: the estimate's error on measured runs and the
 # allocator's fragmentation late in a run. Every published run is predicted within it.
 MEMORY_MARGIN = 0.08
@@ -128,9 +128,10 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
     def choices(name: str, values: list) -> list:
         return [pinned[PAR + name]] if PAR + name in pinned else values
 
+    # TP stays inside an NVLink domain: across domains it is what `check` warns about.
     tps = [
         t
-        for t in _powers(min(world, 64))
+        for t in _powers(min(world, cluster.domain, 64))
         if heads % t == 0 and (groups % t == 0 or t % groups == 0)
     ]
     cps = [c for c in _powers(min(world, 16)) if m.seq_length % (2 * c) == 0 or c == 1]
@@ -223,8 +224,8 @@ class _FastDerived:
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
             self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
-        derived = dataclasses.replace(
-            self.base,
+        derived = Derived(
+            world_size=world,
             model_parallel_size=shape.tp * shape.pp * shape.cp,
             data_parallel_size=dp,
             num_microbatches=gbs // (dp * mbs),
@@ -233,6 +234,7 @@ class _FastDerived:
             pipeline_chunks=chunks,
             pipeline_layout=shape.layout,
             decoder_layers_per_rank=None,
+            preset=self.base.preset,
             padded_vocab_size=padded_vocab_size(
                 m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
             ),
@@ -254,7 +256,7 @@ def plan(
     work = copy.deepcopy(cfg)
     if "optimizer.use_distributed_optimizer" not in pinned:
         work.optimizer.use_distributed_optimizer = True
-    bounds, costs_cache = [], {}
+    bounds, costs_cache, counts = [], {}, {}
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = cluster.spec.memory_gib * (1 - margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
@@ -269,8 +271,12 @@ def plan(
                 break  # weights and optimizer alone overflow: no micro batch or recompute helps
             key = (shape.tp, shape.cp, shape.ep, shape.etp, mbs)
             if key not in costs_cache:
-                costs_cache[key] = layer_costs(work, cluster, derived)
-            step = predict(work, cluster, derived, costs=costs_cache[key], loads=loads)
+                if shape.tp not in counts:  # the vocabulary pads to a multiple of TP
+                    counts[shape.tp] = count_parameters(work)
+                costs_cache[key] = layer_costs(work, cluster, derived, count=counts[shape.tp])
+            step = predict(
+                work, cluster, derived, costs=costs_cache[key], loads=loads, detail=False
+            )
             if step is not None:
                 bounds.append((step.seconds, len(bounds), shape, mbs, key))
     bounds.sort()
@@ -279,30 +285,33 @@ def plan(
     for bound, _, shape, mbs, key in bounds:
         if bound >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
-        recomputes = _recomputes(cfg, shape, pinned)
-        chosen = _least_recompute(work, cluster, shape, mbs, recomputes, limit)
-        if chosen is None:
-            continue
-        derived, memory = chosen
-        step = predict(work, cluster, derived, costs=costs_cache[key])
         group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
-        if group not in found or step.seconds < found[group].step.seconds:
+        beat = min(kth, found[group].step.seconds if group in found else kth)
+        recomputes = _recomputes(cfg, shape, pinned)
+        for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit):
+            step = predict(work, cluster, derived, costs=costs_cache[key])
+            if step.seconds >= beat:
+                break  # more recompute is only slower
+            if validate(work, cluster, derived):
+                continue  # a rule refuses this recompute (or the layout: then all of them)
             found[group] = Plan(shape, overrides(work), step, memory)
             times = sorted(p.step.seconds for p in found.values())
             kth = times[top - 1] if len(times) >= top else kth
+            break
     ranked = sorted(found.values(), key=lambda p: p.step.seconds)
     return ranked[:top], len(bounds)
 
 
-def _least_recompute(
+def _fitting(
     work: TrainingConfig,
     cluster: Cluster,
     shape: Shape,
     mbs: int,
     recomputes: list[tuple],
     limit: float,
-) -> tuple[Derived, MemoryEstimate] | None:
-    """Leave `work` at the cheapest recompute that fits and passes the rules; None if none does.
+) -> Iterator[tuple[Derived, MemoryEstimate]]:
+    """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
+    memory.
 
     Memory falls along `recomputes`, so the most saving is tried first and the cheapest that fits
     found by bisection."""
@@ -314,16 +323,15 @@ def _least_recompute(
         return (derived, memory) if memory and memory.total_gib <= limit else None
 
     if fits(len(recomputes) - 1) is None:
-        return None
+        return
     low, high = 0, len(recomputes) - 1
     while low < high:
         middle = (low + high) // 2
         low, high = (low, middle) if fits(middle) else (middle + 1, high)
     for index in range(high, len(recomputes)):
         chosen = fits(index)
-        if chosen and not validate(work, cluster, chosen[0]):
-            return chosen
-    return None
+        if chosen:
+            yield chosen
 
 
 class _StaticMemory:
@@ -352,7 +360,35 @@ class _StaticMemory:
         return False
 
 
-def render(cfg: TrainingConfig, cluster: Cluster, plans: list[Plan], priced: int) -> str:
+def pinned(cfg: TrainingConfig, user_overrides: list[str]) -> dict[str, object]:
+    """The planner's fields that the command line set, with their resolved values."""
+    out: dict[str, object] = {}
+    for item in user_overrides:
+        path = item.split("=", 1)[0].strip()
+        if path in LAYOUT_FIELDS:
+            node, name = path.rsplit(".", 1)
+            out[path] = getattr(getattr(cfg, node), name)
+    return out
+
+
+def command(name: str, cfg: TrainingConfig, cluster: Cluster, user: list[str], p: Plan) -> str:
+    """`recipes run` with the user's overrides and the plan's fields that differ from `cfg`."""
+    current = dict(item.split("=", 1) for item in overrides(cfg))
+    changed = [o for o in p.overrides if current[o.split("=", 1)[0]] != o.split("=", 1)[1]]
+    size = (
+        f"--nodes {cluster.num_nodes} --gpus-per-node {cluster.gpus_per_node} --gpu {cluster.gpu}"
+    )
+    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size])
+
+
+def render(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    plans: list[Plan],
+    priced: int,
+    recipe_name: str,
+    user: list[str],
+) -> str:
     lines = [
         f"recipe   {cfg.name}",
         f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
@@ -379,7 +415,11 @@ def render(cfg: TrainingConfig, cluster: Cluster, plans: list[Plan], priced: int
             f"{name} {share:.0%}"
         )
     if plans:
-        lines += ["", "run the first with:", "  " + " ".join(plans[0].overrides)]
+        lines += [
+            "",
+            "run the first with:",
+            "  " + command(recipe_name, cfg, cluster, user, plans[0]),
+        ]
     else:
         lines += ["", "no layout fits; use more GPUs or GPUs with more memory"]
     return "\n".join(lines)

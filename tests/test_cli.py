@@ -160,10 +160,11 @@ def test_unknown_recipe() -> None:
     assert out.returncode == 2 and "llama3_8b_pretrain" in out.stderr
 
 
-@pytest.mark.parametrize("command", ["list", "check"])
+@pytest.mark.parametrize("command", ["list", "check", "plan"])
 def test_fast_path_imports_no_torch(command: str) -> None:
-    """`list` and `check` must answer at once on a login node: no torch, Megatron-Core or NeMo-Run."""
-    args = ["list"] if command == "list" else ["check", "llama31_405b_pretrain"]
+    """`list`, `check` and `plan` answer at once on a login node: no torch, Megatron-Core or
+    NeMo-Run."""
+    args = ["list"] if command == "list" else [command, "llama31_405b_pretrain"]
     code = (
         f"import sys, runpy; sys.argv = ['recipes', *{args!r}]\n"
         "try:\n    runpy.run_module('recipes', run_name='__main__')\nexcept SystemExit:\n    pass\n"
