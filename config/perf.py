@@ -24,9 +24,10 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   EP traffic); selective recomputes the attention forward.
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
-consecutive ranks stays inside a domain, else over the network (config/hardware.py). Not modelled:
-kernel launch and host overheads, stragglers, load imbalance between experts, Megatron-FSDP, the
-vision encoder's compute, and communication contending with compute for memory bandwidth.
+consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
+overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
+between experts, DeepEP's node-limited dispatch, Megatron-FSDP, CUDA graphs, the vision encoder's
+compute, and communication contending with compute for memory bandwidth.
 
 The constants live in one table, CONSTANTS, with their sources; tests/test_plan_calibration.py
 reports the error on every published run.
@@ -55,19 +56,21 @@ from config.schema import TrainingConfig
 CONSTANTS: dict[str, tuple[float, str]] = {
     "gemm_bf16": (
         0.70,
-        "cuBLAS BF16 GEMMs of 8192^3 reach ~790 of 989 TFLOPS on H100 SXM (NVIDIA's H100 tuning "
-        "guide, nvidia-smi clocks at 1.98 GHz); calibrated on PUBLISHED_LAYOUTS",
+        "calibrated on the BF16 runs of tests/published_runs.py (Llama 3.1 8B, 70B, 405B): "
+        "~690 of 989 TFLOPS, below the 700-800 that large square BF16 GEMMs reach on H100 SXM, "
+        "as a layer's GEMMs are neither square nor alone",
     ),
     "gemm_fp8": (
         0.58,
-        "TE FP8 GEMMs reach ~1,200-1,300 of 1,979 TFLOPS on H100 at transformer sizes (TE's "
-        "benchmarks); calibrated on the FP8 runs of PUBLISHED_LAYOUTS",
+        "calibrated on the FP8 runs of tests/published_runs.py (Llama 3 70B, 3.1 405B): "
+        "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
     ),
     "gemm_fp4": (0.55, "assumed below FP8's: no published NVFP4 run to calibrate on"),
     "gemm_half_dim": (
         128.0,
-        "the GEMM dimension at which a GEMM loses half its rate: cuBLAS tiles are 128-256 wide; "
-        "calibrated (MoE experts of width 768 and 2048)",
+        "the GEMM dimension at which a GEMM would lose half its rate (the rate falls as "
+        "1 / (1 + d0/M + d0/N + d0/K)): tensor-core tiles are 128-256 wide, so a shard narrower "
+        "than a few tiles wastes them; calibrated",
     ),
     "expert_half_dim": (
         3000.0,
@@ -82,8 +85,8 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     ),
     "attention": (
         0.45,
-        "flash attention forward+backward, causal, head dim 128: ~450 of 989 TFLOPS BF16 on H100 "
-        "(FlashAttention-3 paper, Shah et al. 2024, figs. 5-6; cuDNN's fused attention is similar)",
+        "flash attention forward + backward, causal, head dim 128, BF16 on H100: FlashAttention-3 "
+        "(Shah et al. 2024) reports 600-740 TFLOPS forward and less backward; ~450 of 989 for both",
     ),
     "memory_passes": (
         4.0,
@@ -97,13 +100,13 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     ),
     "nvlink": (
         0.80,
-        "NCCL bus bandwidth / NVLink's one-way figure: nccl-tests all-reduce ~360 of 450 GB/s on "
-        "DGX H100",
+        "NCCL bus bandwidth / NVLink's one-way figure: large all-reduces on DGX H100 measure "
+        "~360-480 GB/s (nccl-tests, with and without NVLink SHARP)",
     ),
     "network": (
         0.90,
-        "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC "
-        "(nccl-tests on DGX H100 SuperPODs)",
+        "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC, what "
+        "nccl-tests measure across DGX H100 nodes on InfiniBand NDR",
     ),
     "tp_exposed": (
         0.40,
