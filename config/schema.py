@@ -315,6 +315,36 @@ class TrainConfig:
     exit_duration_minutes: Optional[float] = field(default=None, metadata=NON_NEGATIVE)
 
 
+# The linear layers of Megatron-Core's GPT layers that LoRA can adapt, by their module names:
+# attention's fused QKV and output projections (MLA: its down and up projections), the dense MLP's
+# fused gate/up and down projections (in MoE layers: the shared expert's).
+LORA_TARGETS = (
+    "linear_qkv",
+    "linear_proj",
+    "linear_fc1",
+    "linear_fc2",
+    "linear_q_proj",
+    "linear_q_down_proj",
+    "linear_q_up_proj",
+    "linear_kv_down_proj",
+    "linear_kv_up_proj",
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class PeftConfig:
+    """Parameter-efficient fine-tuning: low-rank adapters (LoRA, Hu et al. 2021) on the linear
+    layers; the base weights stay frozen (no gradient, no optimizer state) and checkpoints hold the
+    adapters only. The update of a layer is (alpha / rank) x B A x, B zero at the start."""
+
+    scheme: Literal["none", "lora"] = "none"
+    rank: int = field(default=16, metadata=within(1, 65536))
+    alpha: float = field(default=32.0, metadata=within(0, low_open=True))
+    dropout: float = field(default=0.0, metadata=DROPOUT)  # on the adapter's input only
+    # Comma-separated module names (LORA_TARGETS): a dotlist override is one string.
+    target_modules: str = "linear_qkv,linear_proj,linear_fc1,linear_fc2"
+
+
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
     save_dir: Optional[str] = None  # None means <run directory>/checkpoints
@@ -355,4 +385,5 @@ class TrainingConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

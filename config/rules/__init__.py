@@ -18,6 +18,7 @@ from config.rules.data import data
 from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.parallel import parallel, pipeline
+from config.rules.peft import peft
 from config.rules.precision import cpu, precision
 from config.rules.pretrained import pretrained
 from config.rules.ranges import ranges
@@ -42,6 +43,7 @@ RULES = (
     data,
     training,
     pretrained,  # reads checkpoint.pretrained_dir's config.json when it is a Hugging Face folder
+    peft,
 )
 
 
