@@ -46,6 +46,8 @@ class DataKind:
     # Packed rows carry segment ids and attend within their segment only (an explicit mask).
     masks_packed_rows: bool = False
     images: bool = False  # feeds images: only an architecture with `takes_images` can train on it
+    # Renders its samples with data.tokenizer's chat template: an HF tokenizer folder that has one.
+    needs_chat_template: bool = False
     # The files and folders data.path names, as the ranks will open them (the launcher's check);
     # ValueError for a data.path it cannot read (the checker reports it).
     inputs: Callable[[str], list[str]] = lambda path: [path]
@@ -95,6 +97,14 @@ DATA_KINDS: dict[str, DataKind] = _by_name(
         summary="a JSONL file of prompt/response pairs",
         packs=True,
         masks_packed_rows=True,
+    ),
+    DataKind(
+        name="chat",
+        source="data.chat:batches",
+        summary='a JSONL file of conversations ({"messages": [{"role": ..., "content": ...}]})',
+        packs=True,
+        masks_packed_rows=True,
+        needs_chat_template=True,
     ),
     DataKind(
         name="energon",

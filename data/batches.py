@@ -1,7 +1,7 @@
 """Batches from a map-style dataset: each data-parallel rank's slice of the global batches, in order.
 
-The batch source of the `mock`, `indexed` and `sft` data kinds (data/pretrain.py, data/sft.py; see
-config/registry.py for the interface every kind's source has).
+The batch source of the `mock`, `indexed`, `sft` and `chat` data kinds (data/pretrain.py,
+data/sft.py, data/chat.py; see config/registry.py for the interface every kind's source has).
 
 The position in the data is one number, `consumed_samples` (global samples handed out so far,
 always a whole number of global batches at a step boundary). A resumed run loads the saved number

@@ -3,6 +3,7 @@
     recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
     recipes data make-synthetic-vlm [OUT] [--samples N] [--image-size S] [--seed K]
     recipes data make-synthetic-sft [OUT] [--samples N] [--seed K]
+    recipes data make-synthetic-chat [OUT.jsonl] [--samples N] [--seed K] [--tokenizer DIR]
 
 Only argparse at import time: `recipes list/show/check` build this parser too and must stay free
 of torch; the work (PIL, Energon, torch) is imported when a data command runs.
@@ -18,12 +19,14 @@ from pathlib import Path
 
 DEFAULT_SYNTHETIC = "runs/synthetic_vlm"  # tiny_llava_pretrain's data.path
 DEFAULT_SYNTHETIC_SFT = "runs/synthetic_sft"  # tiny_gpt_sft's data.path is sft.jsonl in there
+DEFAULT_SYNTHETIC_CHAT = "runs/synthetic_chat/chat.jsonl"
 
 
 def add_data_parser(sub: argparse._SubParsersAction) -> None:
     """The `data` subcommand and its own subcommands, on the `recipes` parser."""
     data = sub.add_parser(
-        "data", help="prepare Energon datasets (images + captions); make synthetic VLM / SFT sets"
+        "data",
+        help="prepare Energon datasets (images + captions); make synthetic VLM / SFT / chat sets",
     )
     commands = data.add_subparsers(dest="data_command", required=True)
 
@@ -59,6 +62,21 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
 
+    p = commands.add_parser(
+        "make-synthetic-chat",
+        help="a small generated multi-turn chat set (arithmetic, system message) as JSONL",
+    )
+    p.add_argument(
+        "out", nargs="?", default=DEFAULT_SYNTHETIC_CHAT, help=f"default {DEFAULT_SYNTHETIC_CHAT}"
+    )
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="also write a tiny tokenizer folder with a ChatML chat template here",
+    )
+
 
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "make-synthetic-sft":
@@ -71,6 +89,20 @@ def cmd_data(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {args.samples} prompt/response pairs to {path}")
         print(f"use data.kind=sft data.path={path} data.tokenizer={path.parent / TOKENIZER}")
+        return 0
+    if args.data_command == "make-synthetic-chat":
+        from data.synthetic_chat import make_synthetic_chat
+
+        try:
+            path = make_synthetic_chat(
+                args.out, samples=args.samples, seed=args.seed, tokenizer=args.tokenizer
+            )
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.samples} conversations to {path}")
+        tokenizer = args.tokenizer or "<the instruct model's tokenizer folder>"
+        print(f"use data.kind=chat data.path={path} data.tokenizer={tokenizer}")
         return 0
     from data.vlm_prepare import PrepareError
 

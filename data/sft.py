@@ -63,10 +63,16 @@ class Pair:
     ids: np.ndarray  # int32: a Python int per token would not fit a large SFT set in memory
     prompt_len: int
 
+    def loss_mask(self) -> list[float]:
+        """Per (input, label) position: 1 where the label is a response token or the eod (label
+        j is token j + 1, so from the prompt's last position on)."""
+        quiet = max(self.prompt_len - 1, 0)
+        return [0.0] * quiet + [1.0] * (len(self.ids) - 1 - quiet)
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+
+def numbered_lines(path: Path, error: type[ValueError] = SFTDataError) -> Iterator[tuple[int, str]]:
     """(number, text) of every line; one that is not UTF-8, or a .gz that is cut short or
-    corrupt, is an SFTDataError naming the file and the line."""
+    corrupt, is an `error` naming the file and the line."""
     opener = gzip.open if path.suffix == ".gz" else open
     number = 0
     with opener(path, "rb") as f:
@@ -77,7 +83,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             except StopIteration:
                 return
             except (EOFError, OSError, zlib.error) as err:  # gzip: truncated, or not gzip at all
-                raise SFTDataError(
+                raise error(
                     f"{path}:{number + 1}: cannot read past line {number} ({err}); the file is "
                     "truncated or corrupt: write (or compress) it again"
                 ) from None
@@ -85,7 +91,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise SFTDataError(
+                raise error(
                     f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at byte "
                     f"{err.start + 1} of the line); convert the file, e.g. iconv -f latin1 -t utf-8"
                 ) from None
@@ -116,7 +122,7 @@ def read_pairs(path: str | Path) -> Iterator[tuple[int, str, str]]:
             f"data.path={str(path)!r} is not a file; data.kind=sft reads a JSONL file of "
             '{"prompt": ..., "response": ...} lines'
         )
-    for number, line in _lines(p):
+    for number, line in numbered_lines(p):
         if not line.strip():
             continue
         try:
@@ -205,48 +211,43 @@ def split_range(n: int, split: str, part: str) -> tuple[int, int]:
     return bounds[k], bounds[k + 1]
 
 
-class SFTDataset(Dataset):
-    """Rows of `seq_length` tokens: labels, loss mask, position ids (and segment ids if packed)."""
+class TokenRows(Dataset):
+    """Rows of `seq_length` tokens made of tokenized samples: labels, loss mask, position ids (and
+    segment ids if packed). A sample has `ids` (int32, ending with the token that closes it) and
+    `loss_mask()`, one value per (input, label) position. The data kinds that tokenize samples
+    their own way (sft here, chat in data/chat.py) share the order, split, packing and rows."""
+
+    error: type[ValueError] = SFTDataError
+    noun = "samples"  # what a sample is, in error messages
 
     def __init__(
         self,
-        path: str,
-        tokenizer: Any,
+        samples: Sequence[Any],
         *,
+        path: str,
         seq_length: int,
         num_samples: int,
         packing: bool,
         seed: int,
-        split: str = "1,0,0",
-        part: str = "train",
+        split: str,
+        part: str,
+        pad: int,
     ) -> None:
         self.seq_length = seq_length
         self.packing = packing
-        self.pad = tokenizer.eod  # any valid id: pad positions carry no loss
-        # A sample of n ids gives n - 1 (input, label) positions; a row holds seq_length of them.
-        pairs, self.skipped = tokenize_pairs(
-            read_pairs(path), tokenizer, seq_length + 1, str(Path(path).expanduser())
-        )
-        if not pairs and not self.skipped:
-            raise SFTDataError(f"data.path={path!r} holds no prompt/response pair: it is empty")
-        if not pairs:
-            raise SFTDataError(
-                f"data.path={path!r} holds no usable prompt/response pair "
-                f"({self.skipped} prompts leave no room for a response within "
-                f"model.seq_length={seq_length}); raise model.seq_length or shorten the prompts"
-            )
-        order = np.random.default_rng(seed).permutation(len(pairs))
-        first, last = split_range(len(pairs), split, part)
-        self.pairs = [pairs[i] for i in order[first:last]]
-        if not self.pairs:
-            raise SFTDataError(
+        self.pad = pad  # any valid id: pad positions carry no loss
+        order = np.random.default_rng(seed).permutation(len(samples))
+        first, last = split_range(len(samples), split, part)
+        self.samples = [samples[i] for i in order[first:last]]
+        if not self.samples:
+            raise self.error(
                 f"data.split={split!r} leaves the {part} part of data.path={path!r} empty "
-                f"({len(pairs)} usable pairs); give that part a larger weight"
+                f"({len(samples)} usable {self.noun}); give that part a larger weight"
             )
         if packing:
-            self.rows = pack([len(p.ids) - 1 for p in self.pairs], seq_length)
+            self.rows = pack([len(s.ids) - 1 for s in self.samples], seq_length)
         else:
-            self.rows = [[i] for i in range(len(self.pairs))]
+            self.rows = [[i] for i in range(len(self.samples))]
         self.epochs = -(-num_samples // len(self.rows))
         rng = np.random.default_rng(seed + 1)
         self.order = np.concatenate([rng.permutation(len(self.rows)) for _ in range(self.epochs)])
@@ -257,13 +258,11 @@ class SFTDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         tokens, labels, loss_mask, positions, segments = [], [], [], [], []
         for k, i in enumerate(self.rows[int(self.order[index])]):
-            pair = self.pairs[i]
-            n = len(pair.ids) - 1
-            tokens += pair.ids[:-1].tolist()
-            labels += pair.ids[1:].tolist()
-            # Label j is token j + 1: a response token from the prompt's last position on.
-            quiet = max(pair.prompt_len - 1, 0)
-            loss_mask += [0.0] * quiet + [1.0] * (n - quiet)
+            sample = self.samples[i]
+            n = len(sample.ids) - 1
+            tokens += sample.ids[:-1].tolist()
+            labels += sample.ids[1:].tolist()
+            loss_mask += sample.loss_mask()
             positions += range(n)
             segments += [k] * n
         pad = self.seq_length - len(tokens)
@@ -282,6 +281,58 @@ class SFTDataset(Dataset):
         if self.packing:
             row["segment_ids"] = torch.tensor(segments, dtype=torch.long)
         return row
+
+
+class SFTDataset(TokenRows):
+    """The prompt/response pairs of data.path as rows (TokenRows)."""
+
+    noun = "pairs"
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: Any,
+        *,
+        seq_length: int,
+        num_samples: int,
+        packing: bool,
+        seed: int,
+        split: str = "1,0,0",
+        part: str = "train",
+    ) -> None:
+        # A sample of n ids gives n - 1 (input, label) positions; a row holds seq_length of them.
+        pairs, self.skipped = tokenize_pairs(
+            read_pairs(path), tokenizer, seq_length + 1, str(Path(path).expanduser())
+        )
+        if not pairs and not self.skipped:
+            raise SFTDataError(f"data.path={path!r} holds no prompt/response pair: it is empty")
+        if not pairs:
+            raise SFTDataError(
+                f"data.path={path!r} holds no usable prompt/response pair "
+                f"({self.skipped} prompts leave no room for a response within "
+                f"model.seq_length={seq_length}); raise model.seq_length or shorten the prompts"
+            )
+        super().__init__(
+            pairs,
+            path=path,
+            seq_length=seq_length,
+            num_samples=num_samples,
+            packing=packing,
+            seed=seed,
+            split=split,
+            part=part,
+            pad=tokenizer.eod,
+        )
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return self.samples
+
+
+def on_first_rank(message: str) -> None:
+    """Print `message` once per run: on rank 0, or in a process without torch.distributed."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(message, flush=True)
 
 
 def build_sft_dataset(
@@ -305,15 +356,10 @@ def build_sft_dataset(
         split=cfg.data.split,
         part=part,
     )
-    if (
-        part == "train"
-        and dataset.skipped
-        and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0)
-    ):
-        print(
+    if part == "train" and dataset.skipped:
+        on_first_rank(
             f"sft data: skipped {dataset.skipped} pairs whose prompt fills "
-            f"model.seq_length={cfg.model.seq_length}",
-            flush=True,
+            f"model.seq_length={cfg.model.seq_length}"
         )
     return dataset
 

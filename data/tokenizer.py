@@ -128,6 +128,12 @@ class LocalTokenizer:
     def inv_vocab(self) -> dict[int, str]:
         return {i: t for t, i in self.vocab.items()}
 
+    @property
+    def transformers_tokenizer(self) -> Any | None:
+        """The transformers tokenizer behind this one (chat templates, character offsets:
+        data/chat.py); None for a bare tokenizer.json."""
+        return self._backend if self._is_transformers else None
+
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
         if not self._is_transformers:
             raise NotImplementedError(

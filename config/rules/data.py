@@ -1,7 +1,12 @@
 """The data section, against the registry entry of its kind (config/registry.py): the path and
-tokenizer the kind needs, packing, the validation split that evaluation reads, images."""
+tokenizer the kind needs, the chat template a chat kind renders with, packing, the validation split
+that evaluation reads, images."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 from config.blend import split_weights
 from config.finalize import Derived
@@ -29,6 +34,8 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "data.tokenizer", f"data.kind='{kind.name}' needs a local tokenizer file or folder"
             )
         )
+    if kind.needs_chat_template and data.tokenizer:
+        out += _chat_template(data.tokenizer, kind.name)
     out += _evaluation(cfg)
     if data.sequence_packing and not kind.packs:
         packers = " or ".join(k.name for k in DATA_KINDS.values() if k.packs)
@@ -104,3 +111,44 @@ def _evaluation(cfg: TrainingConfig) -> list[Problem]:
             )
         )
     return out
+
+
+def has_chat_template(folder: Path) -> bool:
+    """Whether the Hugging Face tokenizer folder carries a default chat template, where
+    transformers looks for one: chat_template.jinja, or tokenizer_config.json's chat_template (a
+    string, or a list of named templates with a "default" one)."""
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if isinstance(template, list):
+        return any(isinstance(t, dict) and t.get("name") == "default" for t in template)
+    return isinstance(template, str) and bool(template.strip())
+
+
+def _chat_template(given: str, kind: str) -> list[Problem]:
+    """data.tokenizer of a kind that renders conversations: an HF folder with a chat template. A
+    path that is not here is left to the launcher's input check (the ranks may see it elsewhere)."""
+    path = Path(os.path.expanduser(given))
+    if path.is_file():
+        return [
+            Problem(
+                "data.tokenizer",
+                f"'{given}' is a tokenizer file, but data.kind='{kind}' renders conversations "
+                "with a chat template, which only a Hugging Face tokenizer folder carries; point "
+                "data.tokenizer at the model's folder (tokenizer.json + tokenizer_config.json)",
+            )
+        ]
+    if path.is_dir() and not has_chat_template(path):
+        return [
+            Problem(
+                "data.tokenizer",
+                f"'{given}' has no chat template (no chat_template in tokenizer_config.json, no "
+                f"chat_template.jinja), which data.kind='{kind}' renders every conversation with. "
+                "Point data.tokenizer at the instruct model's tokenizer folder, add the template "
+                "there, or use data.kind=sft for prompt/response pairs",
+            )
+        ]
+    return []
