@@ -316,19 +316,9 @@ class TrainConfig:
 
 
 # The linear layers of Megatron-Core's GPT layers that LoRA can adapt, by their module names:
-# attention's fused QKV and output projections (MLA: its down and up projections), the dense MLP's
-# fused gate/up and down projections (in MoE layers: the shared expert's).
-LORA_TARGETS = (
-    "linear_qkv",
-    "linear_proj",
-    "linear_fc1",
-    "linear_fc2",
-    "linear_q_proj",
-    "linear_q_down_proj",
-    "linear_q_up_proj",
-    "linear_kv_down_proj",
-    "linear_kv_up_proj",
-)
+# attention's fused QKV and output projections, the dense MLP's fused gate/up and down projections
+# (in MoE layers: the shared expert's; routed experts are not adapted).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 @dataclass(kw_only=True, slots=True)

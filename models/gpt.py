@@ -80,6 +80,7 @@ def transformer_config(
     """Megatron-Core's TransformerConfig (or MLATransformerConfig) for this run."""
     m, par = cfg.model, cfg.parallel
     vpp = chunks_per_rank(cfg, derived)
+    lora = cfg.peft.scheme != "none"
     fields: dict[str, Any] = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -116,7 +117,7 @@ def transformer_config(
         batch_p2p_comm=vpp == 1,
         # Free each pipeline output's data once it has been sent (Megatron-LM's default).
         deallocate_pipeline_outputs=True,
-        transformer_impl="transformer_engine" if choose_backend(device) == "te" else "local",
+        transformer_impl="transformer_engine" if choose_backend(device, lora) == "te" else "local",
         # On the CPU, build weights with the CPU generator and slice them per TP rank.
         use_cpu_initialization=device == "cpu",
         **_precision_fields(derived.preset, dtype),
@@ -187,7 +188,7 @@ def build_chunks(
 ) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), not yet wrapped or moved."""
     m = cfg.model
-    backend = choose_backend(device)
+    backend = choose_backend(device, cfg.peft.scheme != "none")
     kind = data_kind(cfg)
     # Packed rows attend within their segments only: an explicit block-diagonal mask.
     masked = cfg.data.sequence_packing and kind is not None and kind.masks_packed_rows

@@ -37,9 +37,10 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def choose_backend(device: str) -> str:
-    """ "te" on GPUs with Transformer Engine, otherwise "sdpa" (always on the CPU)."""
-    return "te" if device == "cuda" and have_transformer_engine() else "sdpa"
+def choose_backend(device: str, lora: bool = False) -> str:
+    """ "te" on GPUs with Transformer Engine, otherwise "sdpa" (always on the CPU, and for LoRA,
+    whose adapters wrap Megatron-Core's own linear layers: training/lora.py)."""
+    return "te" if device == "cuda" and not lora and have_transformer_engine() else "sdpa"
 
 
 class SdpaAttention(MegatronModule):

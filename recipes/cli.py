@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("hf_dir", help="a local Hugging Face model folder (config.json, safetensors)")
     p.add_argument("out_dir", help="a new folder: OUT_DIR/iter_0000000 and OUT_DIR/latest")
-    p = sub.add_parser("export", help="checkpoint -> Hugging Face folder (transformers, vLLM)")
+    p = sub.add_parser(
+        "export", help="checkpoint -> Hugging Face folder (transformers, vLLM), or a LoRA adapter"
+    )
     p.add_argument("checkpoint", help="a run's checkpoints folder (its latest) or one iter_XXXXXXX")
     p.add_argument("out_dir", help="a new folder for config.json, safetensors and tokenizer files")
     p.add_argument(
@@ -95,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-shard-gb", type=float, default=5.0, help="largest safetensors file (default 5)"
+    )
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="LoRA runs: write only the adapter, in Hugging Face PEFT's layout (default: merged)",
     )
     add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm|make-synthetic-sft`
     return parser
@@ -152,7 +159,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError([("--top", f"is {args.top}; ask for at least one plan, e.g. --top 5")])
     if not 0 <= args.memory_margin < 1:
         raise ConfigError(
-            [("--memory-margin", f"is {args.memory_margin}; a share of memory in [0, 1), e.g. 0.08")]
+            [
+                (
+                    "--memory-margin",
+                    f"is {args.memory_margin}; a share of memory in [0, 1), e.g. 0.08",
+                )
+            ]
         )
     plans, priced = plan(
         cfg, cluster, top=args.top, pinned=pinned(cfg, args.overrides), margin=args.memory_margin
@@ -184,10 +196,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from training.hf_convert import ConvertError
     from training.hf_export import export_hf
     from training.hf_import import import_hf
+    from training.lora_export import export_lora, holds_adapters
 
     try:
         if args.command == "import":
             out = import_hf(Path(args.hf_dir), Path(args.out_dir))
+        elif args.adapter or holds_adapters(Path(args.checkpoint)):
+            out = export_lora(
+                Path(args.checkpoint),
+                Path(args.out_dir),
+                adapter=args.adapter,
+                family_name=args.family,
+            )
         else:
             limit = int(args.max_shard_gb * 2**30)
             out = export_hf(

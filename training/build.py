@@ -73,6 +73,10 @@ def build_model(
     # The architecture's builder (config/registry.py): GPT chunks, or LLaVA's encoder + GPT.
     build_chunks = load(MODEL_ARCHS[cfg.model.arch].builder)
     chunks: list[torch.nn.Module] = build_chunks(cfg, derived, config, device)
+    if cfg.peft.scheme == "lora":  # adapters on the target layers, every base weight frozen
+        from training.lora import adapt
+
+        adapt(chunks, cfg)
     for chunk in chunks:
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
@@ -177,3 +181,7 @@ def wire_schedules(
         config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
         config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
     config.finalize_model_grads_func = finalize_model_grads
+    if any(getattr(p, "lora_tp_partial", False) for chunk in model for p in chunk.parameters()):
+        from training.lora import finalize_with_adapters
+
+        config.finalize_model_grads_func = finalize_with_adapters(finalize_model_grads, config)

@@ -152,6 +152,10 @@ class Checkpointer:
 
     def _load(self, path: Path, saved: dict[str, Any]) -> None:
         """Everything a checkpoint holds, into this run's objects, in place."""
+        pretrained = self.cfg.checkpoint.pretrained_dir
+        if ckpt_state.adapted(self.model) and pretrained:
+            # A LoRA checkpoint holds the adapters; the frozen base is the pretrained weights.
+            self._load_pretrained(Path(pretrained), resuming=True)
         ckpt_state.load_model_and_optimizer(
             self.model, self.optimizer, path, saved["dist_optimizer_sharding"]
         )
@@ -204,12 +208,13 @@ class Checkpointer:
             for line in lines:
                 print(line, flush=True)
 
-    def _load_pretrained(self, folder: Path) -> None:
+    def _load_pretrained(self, folder: Path, resuming: bool = False) -> None:
         """Model weights only: from a Hugging Face folder (each rank reads its slices), or from a
         complete checkpoint (or the latest of a folder of them)."""
         where = f"checkpoint.pretrained_dir={str(folder)!r}"
+        start = "the adapters come from the checkpoint" if resuming else "training starts at step 0"
         if is_hf_folder(folder):
-            self._load_hf(folder)
+            self._load_hf(folder, start)
             return
         path = folder if dirs.is_complete(folder) else dirs.latest_checkpoint(folder)
         if path is None:
@@ -227,9 +232,9 @@ class Checkpointer:
                 f"{where}: cannot load the weights in {path} into this model ({problem}); the "
                 "checkpoint must come from the same architecture (layers, widths, vocabulary)"
             )
-        self._say(f"loaded pretrained weights from {path}; training starts at step 0")
+        self._say(f"loaded pretrained weights from {path}; {start}")
 
-    def _load_hf(self, folder: Path) -> None:
+    def _load_hf(self, folder: Path, start: str) -> None:
         m, tp = self.cfg.model, self.cfg.parallel.tensor_model_parallel_size
         padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
         problem = self._agree(
@@ -238,7 +243,7 @@ class Checkpointer:
         if problem is not None:
             raise ValueError(f"cannot load the Hugging Face weights of {folder}: {problem}")
         self.optimizer.reload_model_params()
-        self._say(f"loaded Hugging Face weights from {folder}; training starts at step 0")
+        self._say(f"loaded Hugging Face weights from {folder}; {start}")
 
     # --- the hook -----------------------------------------------------------------------------
     def after_step(self, trainer: Any, stopping: bool) -> None:

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from config.hf import is_hf_folder
+from config.rules.peft import is_adapter
 from config.schema import TrainingConfig
 from config.tree import to_dict
 
@@ -84,6 +85,8 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         "model": to_dict(cfg.model),
         "tokenizer": _absolute(cfg.data.tokenizer),
         "hf_origin": hf_origin(cfg),
+        # A LoRA run's checkpoint holds adapters only: their settings, for `recipes export`.
+        "peft": to_dict(cfg.peft) if cfg.peft.scheme != "none" else None,
     }
 
 
@@ -139,11 +142,24 @@ def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:
     return {f"model{i}": chunk for i, chunk in enumerate(chunks)}
 
 
+def adapted(model: list[Any]) -> bool:
+    """Whether the model carries LoRA adapters (peft.scheme=lora): then checkpoints hold them
+    alone, and the frozen base weights come from checkpoint.pretrained_dir."""
+    return any(is_adapter(name) for chunk in model for name, _ in chunk.named_parameters())
+
+
+def _split(state: dict[str, Any], adapters: bool) -> dict[str, Any]:
+    """The adapter entries of a chunk's flat sharded state dict, or the others."""
+    return {k: v for k, v in state.items() if is_adapter(k) == adapters}
+
+
 def sharded_state_dict(
     model: list[Any], optimizer: Any, sharding: str, is_loading: bool
 ) -> dict[str, Any]:
     metadata = {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
     state = {key: c.sharded_state_dict(metadata=metadata) for key, c in model_chunks(model).items()}
+    if adapted(model):  # the frozen base is not saved: it is the pretrained folder's
+        state = {key: _split(chunk_state, True) for key, chunk_state in state.items()}
     state["optimizer"] = optimizer.sharded_state_dict(
         state, is_loading=is_loading, metadata=metadata
     )
@@ -216,8 +232,14 @@ def load_model_and_optimizer(model: list[Any], optimizer: Any, folder: Path, sha
     state = sharded_state_dict(model, optimizer, sharding, True)
     with safe_loading(folder):
         loaded = _megatron_load(state, folder)
+    frozen_base = adapted(model)
     for key, chunk in model_chunks(model).items():
-        chunk.load_state_dict(loaded[key])
+        result = chunk.load_state_dict(loaded[key], strict=not frozen_base)
+        missing = [k for k in result.missing_keys if is_adapter(k)]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"{folder}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+            )
     optimizer.load_state_dict(loaded["optimizer"])
     _restore_adam_steps(optimizer)
 
@@ -229,15 +251,18 @@ def load_model_weights(model: list[Any], optimizer: Any, folder: Path) -> None:
     optimizer built its FP32 main weights from the random initialisation: reload them, or the
     first step would write those back over the pretrained weights.
     """
-    state = {
-        key: _tensors_only(chunk.sharded_state_dict()) for key, chunk in model_chunks(model).items()
+    state = {  # the weights, not a LoRA run's adapters: those start fresh
+        key: _tensors_only(_split(chunk.sharded_state_dict(), False))
+        for key, chunk in model_chunks(model).items()
     }
     with safe_loading(folder):
         _use_stored_names(state, folder)
         loaded = _megatron_load(state, folder)
     for key, chunk in model_chunks(model).items():
         result = chunk.load_state_dict(loaded[key], strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        missing = [
+            k for k in result.missing_keys if not k.endswith("_extra_state") and not is_adapter(k)
+        ]
         if missing or result.unexpected_keys:
             raise ValueError(
                 f"{folder}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"

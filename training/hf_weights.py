@@ -24,6 +24,7 @@ from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
 
 from config.hf import differences, read_config
+from config.rules.peft import is_adapter
 from config.schema import ModelConfig
 from models.hf.gpt import alias
 from models.hf.mapping import Node, read, shape_of
@@ -104,9 +105,12 @@ def load_hf_weights(model: list[Any], cfg: Any, padded_vocab: int, folder: Path)
     chunks = model_chunks(model)
     try:
         for chunk in chunks.values():
-            for param in chunk.parameters():
-                param.fill_(math.nan)
+            for name, param in chunk.named_parameters():
+                if not is_adapter(name):  # a LoRA run's adapters keep their initialisation
+                    param.fill_(math.nan)
             for sh in local_tensors(chunk):
+                if is_adapter(sh.key):
+                    continue
                 if sh.flattened_range is not None:
                     raise ValueError(f"{sh.key}: a flattened model tensor cannot be loaded")
                 key, box, global_shape = per_layer(sh.key, box_of(sh), tuple(sh.global_shape))
@@ -127,7 +131,9 @@ def load_hf_weights(model: list[Any], cfg: Any, padded_vocab: int, folder: Path)
     finally:
         source.close()
     for key, chunk in chunks.items():
-        unset = [n for n, p in chunk.named_parameters() if torch.isnan(p).any()]
+        unset = [
+            n for n, p in chunk.named_parameters() if not is_adapter(n) and torch.isnan(p).any()
+        ]
         if unset:
             raise ValueError(
                 f"{where}: {len(unset)} parameters of {key} got no weights from the folder "

@@ -12,6 +12,14 @@ from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import LORA_TARGETS, ModelConfig, TrainingConfig
 
+# The names of the adapter factors, as parameters and in checkpoint keys (training/lora.py).
+ADAPTER_NAMES = ("lora_A", "lora_B")
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name or checkpoint key names an adapter factor."""
+    return name.rsplit(".", 1)[-1] in ADAPTER_NAMES
+
 
 def targets(text: str) -> list[str]:
     """peft.target_modules as a list of names."""
@@ -20,15 +28,7 @@ def targets(text: str) -> list[str]:
 
 def present(model: ModelConfig) -> list[str]:
     """The LoRA targets this architecture's layers hold."""
-    out = ["linear_proj"]
-    if model.multi_latent_attention:
-        if model.q_lora_rank:
-            out += ["linear_q_down_proj", "linear_q_up_proj"]
-        else:
-            out.append("linear_q_proj")
-        out += ["linear_kv_down_proj", "linear_kv_up_proj"]
-    else:
-        out.append("linear_qkv")
+    out = ["linear_proj"] if model.multi_latent_attention else ["linear_qkv", "linear_proj"]
     dense = not model.num_moe_experts or model.moe_first_k_dense_layers > 0
     if dense or model.moe_shared_expert_intermediate_size:
         out += ["linear_fc1", "linear_fc2"]
@@ -79,6 +79,14 @@ def peft(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 "peft.rank",
                 f"is {p.rank}, above model.hidden_size={cfg.model.hidden_size}: the adapter "
                 "would hold more than the layer it adapts; LoRA uses 8 to 64",
+            )
+        )
+    if cfg.model.arch != "gpt":
+        out.append(
+            Problem(
+                "peft.scheme",
+                f"is lora, but model.arch={cfg.model.arch!r}: LoRA is built for GPT models; use "
+                "full fine-tuning (peft.scheme=none)",
             )
         )
     preset = d.preset
