@@ -231,7 +231,10 @@ def model_flops_per_token(cfg: TrainingConfig) -> float:
     else:
         d_qk = d_v = _head_dim(m)
     scores_and_values = m.seq_length * m.num_attention_heads * (d_qk + d_v)
-    return 6.0 * matmul + 3.0 * (m.num_layers + mtp) * scores_and_values
+    # LoRA: frozen weights get no weight gradient, so 4 FLOPs per weight and token, not 6 (the
+    # adapters' own, rank x width, are left out; attention's backward is whole either way).
+    per_weight = 4.0 if cfg.peft.scheme == "lora" else 6.0
+    return per_weight * matmul + 3.0 * (m.num_layers + mtp) * scores_and_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,35 @@ class MemoryEstimate:
     params_per_gpu: int  # on the most loaded pipeline rank
     microbatches_in_flight: float
     pipeline_rank: int  # which rank is the most loaded one
+
+
+def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
+    """Adapter parameters of one layer on one TP rank (peft.scheme=lora, training/lora.py).
+
+    A column-parallel layer keeps A [rank, in] whole and splits B [out / TP, rank]; a row-parallel
+    one splits A [rank, in / TP] and keeps B [out, rank] whole. The MLP's layers exist in a MoE
+    layer only as its shared expert (routed experts are not adapted).
+    """
+    from config.rules.peft import targets
+
+    m, tp, rank = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.peft.rank
+    d = _head_dim(m)
+    hq = m.num_attention_heads * d
+    qkv = hq + 2 * (m.num_query_groups or m.num_attention_heads) * d
+    ffn = m.moe_shared_expert_intermediate_size if moe else m.ffn_hidden_size
+    gated = 2 if m.activation == "swiglu" else 1
+    h = m.hidden_size
+    column = {"linear_qkv": (h, qkv), "linear_fc1": (h, gated * (ffn or 0))}
+    row = {"linear_proj": (hq, h), "linear_fc2": (ffn or 0, h)}
+    total = 0.0
+    for name in targets(cfg.peft.target_modules):
+        if name in column and column[name][1]:
+            fan_in, fan_out = column[name]
+            total += rank * fan_in + fan_out / tp * rank
+        elif name in row and row[name][0]:
+            fan_in, fan_out = row[name]
+            total += rank * fan_in / tp + fan_out * rank
+    return total
 
 
 def _layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
@@ -334,7 +366,10 @@ def estimate_memory(
         vision_act = n * (lin * vit.hidden_size + 2 * ph + lin * ph) / tp
         if not m.vision.freeze_vision:  # Megatron runs the ViT without sequence parallel
             vision_act += vit.num_layers * act(vit, False, n, 1)
-    lm = "frozen" if m.vision and m.vision.freeze_language else "dense"  # where LM params go
+    lora = cfg.peft.scheme == "lora"  # the base frozen: weights only; the adapters train
+    frozen_lm = lora or (m.vision is not None and m.vision.freeze_language)
+    lm = "frozen" if frozen_lm else "dense"  # where LM params go
+    adapters = {moe: lora_parameters(cfg, moe) for moe in (False, True)} if lora else None
     # Per rank: dense (optimizer over DP x CP), expert (over expert DP), frozen (weights only),
     # decoder (layer params, which FP8 caches), working (full recompute's rebuilt layers), logits.
     keys = ("dense", "expert", "frozen", "decoder", "working", "logits")
@@ -357,6 +392,7 @@ def estimate_memory(
                 dense += 2 * h * h + 3 * _norm(m, h) if c == "m" else 0  # MTP projection and norms
                 r[lm] += dense / tp
                 r["expert" if lm == "dense" else lm] += experts if moe else 0.0
+                r["dense"] += adapters[moe] if adapters else 0.0
                 r["decoder"] += dense / tp + (experts if moe else 0.0)
                 # Block recompute covers the first recompute_num_layers of each chunk, uniform all.
                 recomputed = m.recompute_granularity == "full" and (

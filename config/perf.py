@@ -22,6 +22,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   that leaves the NVLink domain goes at network speed.
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
   EP traffic); selective recomputes the attention forward.
+- LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
+  (the adapters' own GEMMs, rank << width, are left out).
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
@@ -277,6 +279,9 @@ def layer_costs(
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
         "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
     }
+    if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs
+        for part in (dense, layer, output):
+            part["gemm"] *= 2 / 3
     costs = LayerCosts(
         dense=dense,
         moe=layer,

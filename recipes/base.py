@@ -5,7 +5,9 @@ peak, mock data (set data.kind=indexed, data.path and data.tokenizer to learn fr
 checkpoint every 500 steps (a few hours apart at the published speeds).
 
 Fine-tuning (`finetune`): the same AdamW at NeMo 2's full-SFT rate (5e-6, 50 warmup steps, cosine
-to 0) on prompt/response JSONL (data.kind=sft), starting from checkpoint.pretrained_dir.
+to 0) on prompt/response JSONL (data.kind=sft) or conversations (data.kind=chat), starting from
+checkpoint.pretrained_dir. `lora` turns such a recipe into LoRA: adapters train, the base is
+frozen, at NeMo 2's and Megatron-Bridge's LoRA rate (1e-4).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from config.schema import (
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
+    PeftConfig,
     SchedulerConfig,
     TrainConfig,
     TrainingConfig,
@@ -75,8 +78,10 @@ def finetune(
     micro_batch_size: int = 1,
     lr: float = 5e-6,
     max_steps: int = 1000,
+    kind: str = "sft",
 ) -> TrainingConfig:
-    """Full SFT: every weight trains, loss on the responses only (data/sft.py)."""
+    """Full SFT: every weight trains, loss on the responses (data/sft.py) or the assistant's turns
+    (kind="chat", data/chat.py) only."""
     cfg = pretrain(
         model,
         parallel,
@@ -87,6 +92,15 @@ def finetune(
         warmup_steps=50,
         max_steps=max_steps,
     )
-    cfg.data = DataConfig(kind="sft", path=data_path, tokenizer=tokenizer)
+    cfg.data = DataConfig(kind=kind, path=data_path, tokenizer=tokenizer)
     cfg.checkpoint = CheckpointConfig(save_interval=250, pretrained_dir=pretrained_dir)
+    return cfg
+
+
+def lora(cfg: TrainingConfig, *, rank: int, alpha: float, lr: float = 1e-4) -> TrainingConfig:
+    """LoRA on the attention and MLP linear layers (training/lora.py), packed rows (short chat
+    turns fill a row), Megatron-Bridge's finetune optimizer (Adam beta2 0.98)."""
+    cfg.peft = PeftConfig(scheme="lora", rank=rank, alpha=alpha)
+    cfg.optimizer.lr, cfg.optimizer.adam_beta2 = lr, 0.98
+    cfg.data.sequence_packing = True
     return cfg

@@ -346,6 +346,8 @@ class _StaticMemory:
         self.weight = (4 if preset and preset.params_dtype == "fp32" else 2) + (2 if fp8 else 0)
         self.grad = 4 if work.parallel.grad_reduce_in_fp32 else 2
         self.opt = 8 if work.optimizer.optimizer == "sgd" else 12
+        if work.peft.scheme == "lora":  # a frozen base holds weights only (adapters left out)
+            self.grad = self.opt = 0
 
     def __call__(self, shape: Shape, derived: Derived, loads: tuple) -> bool:
         params = shard_params(self.count, shape.tp, shape.ep * (shape.etp or shape.tp))

@@ -1,12 +1,14 @@
 """Write a tiny random Hugging Face model folder, to try the Hugging Face path on a laptop CPU.
 
     .venv/bin/python scripts/make_tiny_hf.py OUT_DIR [--family llama|qwen3|qwen3_moe|mixtral|deepseek_v3]
-        [--tokenizer runs/synthetic_sft/tokenizer.json]
+        [--tokenizer runs/synthetic_sft/tokenizer.json | runs/synthetic_chat/tokenizer]
 
 The shapes are those of the catalog's tiny models (4 layers, hidden 128, 4 heads in 2 KV groups,
 vocabulary 512), made by transformers from its config classes with random weights and saved with
 `save_pretrained`, as a downloaded model folder looks (nothing is fetched from a hub). With
---tokenizer, that tokenizer.json goes into the folder too, as a model's own tokenizer would.
+--tokenizer, that tokenizer.json (or the files of a tokenizer folder, such as the one `recipes data
+make-synthetic-chat --tokenizer DIR` writes with a chat template) goes into the folder too, as a
+model's own tokenizer would.
 """
 
 from __future__ import annotations
@@ -75,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         default="llama",
         choices=["llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"],
     )
-    parser.add_argument("--tokenizer", help="a tokenizer.json to put into the folder")
+    parser.add_argument(
+        "--tokenizer",
+        help="a tokenizer.json, or a tokenizer folder (its files, chat template included), to "
+        "put into the folder",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     import torch
@@ -85,8 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     model = transformers.AutoModelForCausalLM.from_config(config(args.family))
     out = Path(args.out_dir)
     model.save_pretrained(out)
-    if args.tokenizer:
-        shutil.copyfile(args.tokenizer, out / "tokenizer.json")
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    if tokenizer is not None and tokenizer.is_dir():  # a model folder carries its tokenizer's files
+        for item in tokenizer.iterdir():
+            if item.is_file():
+                shutil.copyfile(item, out / item.name)
+    elif tokenizer is not None:
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
         settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
         (out / "tokenizer_config.json").write_text(json.dumps(settings) + "\n")
     print(f"wrote {out} ({sum(p.numel() for p in model.parameters()):,} parameters)")

@@ -45,7 +45,7 @@ SUFFIXES = {
     "nvfp4": "bf16_with_nvfp4_mixed",
 }
 NAME = re.compile(
-    r"^(?P<base>[a-z0-9]+(?:_[a-z0-9]+)*?_(?:pretrain|sft))"
+    r"^(?P<base>[a-z0-9]+(?:_[a-z0-9]+)*?_(?:pretrain|sft|lora))"
     rf"(?:_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<precision>{'|'.join(SUFFIXES)}))?$"
 )
 
@@ -93,7 +93,7 @@ def test_recipe_builds_and_validates_on_its_cluster(name: str) -> None:
 def test_name_carries_scale_hardware_and_precision(name: str) -> None:
     match = NAME.match(name)
     assert match, (
-        f"{name} is not <model>_<pretrain|sft> or <model>_pretrain_<N>gpu_<gpu>_<precision>"
+        f"{name} is not <model>_<pretrain|sft|lora> or <model>_pretrain_<N>gpu_<gpu>_<precision>"
     )
     recipe, cfg = RECIPES[name], RECIPES[name].config()
     if match["gpus"] is None:

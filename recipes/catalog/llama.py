@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
-from recipes.base import finetune, pretrain
+from recipes.base import finetune, lora, pretrain
 from recipes.registry import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MXFP8 = "bf16_with_mxfp8_mixed"
 MB = "Megatron-Bridge performance summary"
+LLAMA3_8B_INSTRUCT = "/models/Meta-Llama-3-8B-Instruct"  # a placeholder for your local folder
 
 
 def _pretrain(
@@ -114,6 +115,49 @@ def llama3_8b_sft() -> TrainingConfig:
         global_batch_size=128,
     )
     return _layout(cfg, tp=2)
+
+
+# Megatron-Bridge's llama3_8b_finetune_config with its default peft="lora": TP1 PP1, LoRA dim 8,
+# alpha 16 on linear_qkv/proj/fc1/fc2, lr 1e-4 (50 warmup steps, cosine to 0, Adam beta2 0.98),
+# packed sequences of 4096 in GBS 8, MBS 1. It lays that out over 8 GPUs; one H100 holds it too
+# (frozen BF16 weights 15 GiB, adapters and their optimizer state under 0.1 GiB).
+@recipe(
+    nodes=1,
+    gpus_per_node=1,
+    source="Megatron-Bridge llama3_8b_finetune_config(peft='lora'): TP1, dim 8, alpha 16, lr 1e-4, "
+    "packed seq 4096, GBS 8, MBS 1",
+)
+def llama3_8b_lora() -> TrainingConfig:
+    """Llama 3 8B LoRA on chat conversations on one H100, from the Instruct model's folder.
+
+    data.path holds JSONL lines of {"messages": [{"role", "content"}, ...]}; they are rendered with
+    the chat template of data.tokenizer's folder and the loss falls on the assistant's turns.
+    `recipes export CKPT OUT --adapter` writes the adapter for peft or vLLM; without --adapter,
+    the merged model.
+    """
+    cfg = finetune(
+        llama3_8b(seq_length=4096),
+        ParallelConfig(),
+        data_path="/data/chat/train.jsonl",  # placeholder: {"messages": [...]} lines
+        tokenizer=LLAMA3_8B_INSTRUCT,  # placeholder: its folder (the chat template's)
+        pretrained_dir=LLAMA3_8B_INSTRUCT,  # placeholder: the Hugging Face folder
+        global_batch_size=8,
+        kind="chat",
+    )
+    return lora(cfg, rank=8, alpha=16)
+
+
+@recipe(
+    nodes=1,
+    source="NeMo 2 llama3_8b.finetune_recipe, full SFT (TP2, seq 2048, GBS 128, lr 5e-6), on chat",
+)
+def llama3_8b_chat_sft() -> TrainingConfig:
+    """Llama 3 8B full SFT on chat conversations on one 8-GPU node: every weight trains, the loss
+    on the assistant's turns (the template of data.tokenizer's folder)."""
+    cfg = llama3_8b_sft()
+    cfg.data.kind, cfg.data.path = "chat", "/data/chat/train.jsonl"  # placeholder
+    cfg.data.tokenizer = cfg.checkpoint.pretrained_dir = LLAMA3_8B_INSTRUCT  # placeholders
+    return cfg
 
 
 @recipe(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.qwen import qwen3_8b, qwen3_30b_a3b
-from recipes.base import finetune, pretrain
+from recipes.base import finetune, lora, pretrain
 from recipes.registry import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
@@ -135,3 +135,25 @@ def qwen3_8b_sft() -> TrainingConfig:
         pretrained_dir=QWEN3_8B_HF,  # placeholder: a Hugging Face folder or a Megatron checkpoint
         global_batch_size=128,
     )
+
+
+# Megatron-Bridge's qwen3_8b_finetune_config with its default peft="lora": TP1 PP1, lr 1e-4, its
+# LoRA defaults (dim 32, alpha 32, linear_qkv/proj/fc1/fc2); packed sequences of 4096 in GBS 8,
+# MBS 1, as its Llama 3 8B LoRA recipe packs. One H100 holds it.
+@recipe(
+    nodes=1,
+    gpus_per_node=1,
+    source=f"{MB_RECIPE} qwen3_8b_finetune_config(peft='lora'): TP1, dim 32, alpha 32, lr 1e-4",
+)
+def qwen3_8b_lora() -> TrainingConfig:
+    """Qwen3 8B LoRA on chat conversations on one H100, with Qwen3's own chat template."""
+    cfg = finetune(
+        qwen3_8b(seq_length=4096),
+        ParallelConfig(),
+        data_path="/data/chat/train.jsonl",  # placeholder: {"messages": [...]} lines
+        tokenizer=QWEN3_8B_HF,  # placeholder: the folder (its tokenizer and chat template)
+        pretrained_dir=QWEN3_8B_HF,  # placeholder: the Hugging Face folder
+        global_batch_size=8,
+        kind="chat",
+    )
+    return lora(cfg, rank=32, alpha=32)

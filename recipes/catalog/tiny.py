@@ -14,6 +14,7 @@ from config.schema import (
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
+    PeftConfig,
     SchedulerConfig,
     TrainConfig,
     TrainingConfig,
@@ -65,4 +66,28 @@ def tiny_gpt_sft() -> TrainingConfig:
         sequence_packing=True,  # about 8 pairs per 128-token row, each under its own mask
     )
     cfg.optimizer.lr, cfg.optimizer.min_lr = 2e-3, 2e-4  # from scratch: no pretrained weights
+    return cfg
+
+
+@recipe(nodes=1, gpus_per_node=2, gpu="cpu", source=SOURCE)
+def tiny_llama_chat_lora() -> TrainingConfig:
+    """LoRA on chat conversations, TP=2 over two CPU processes, from a tiny Hugging Face folder.
+
+    `recipes data make-synthetic-chat --tokenizer runs/synthetic_chat/tokenizer` writes the
+    conversations and a tokenizer folder with a ChatML template; `scripts/make_tiny_hf.py
+    runs/tiny_llama --tokenizer runs/synthetic_chat/tokenizer` the model folder (random weights, the
+    tiny GPT's shapes, that tokenizer). The adapters export for peft with `recipes export --adapter`.
+    """
+    cfg = tiny_gpt_pretrain()
+    cfg.model.layernorm_epsilon = 1e-6  # transformers' LlamaConfig default, as the folder holds it
+    cfg.data = DataConfig(
+        kind="chat",
+        path="runs/synthetic_chat/chat.jsonl",
+        tokenizer="runs/synthetic_chat/tokenizer",
+        sequence_packing=True,  # a conversation is ~60 tokens: two or three fill a row
+    )
+    cfg.checkpoint.pretrained_dir = "runs/tiny_llama"
+    cfg.peft = PeftConfig(scheme="lora", rank=8, alpha=16)
+    # The adapters start at zero: a random tiny base needs a large rate to move within 40 steps.
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 1e-2, 1e-3
     return cfg

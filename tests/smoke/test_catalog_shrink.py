@@ -81,7 +81,8 @@ def cpu_blockers(name: str, world: int) -> list[str]:
 
 
 def data_overrides(name: str, folder: Path) -> list[str]:
-    """Synthetic data in `folder` for the recipes that read files (Energon images, SFT JSONL)."""
+    """Synthetic data in `folder` for the recipes that read files (Energon images, SFT and chat
+    JSONL)."""
     kind = all_recipes()[name].config().data.kind
     if kind == "energon":
         from data.synthetic_vlm import make_synthetic_vlm
@@ -95,6 +96,15 @@ def data_overrides(name: str, folder: Path) -> list[str]:
         return [
             f"data.path={jsonl}",
             f"data.tokenizer={jsonl.parent / 'tokenizer.json'}",
+            "checkpoint.pretrained_dir=None",
+        ]
+    if kind == "chat":  # arithmetic conversations and a ChatML tokenizer folder
+        from data.synthetic_chat import make_synthetic_chat
+
+        jsonl = make_synthetic_chat(folder / "chat.jsonl", samples=200, tokenizer=folder / "tok")
+        return [
+            f"data.path={jsonl}",
+            f"data.tokenizer={folder / 'tok'}",
             "checkpoint.pretrained_dir=None",
         ]
     return []

@@ -186,6 +186,10 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2": {},  # DP=2 with the distributed optimizer (dp_reshardable)
     "tp2": {"parallel.tensor_model_parallel_size": 2},
     "pp2": {"parallel.pipeline_model_parallel_size": 2},
+    # LoRA: the checkpoint holds the adapters; the frozen base is rebuilt from the seed (no
+    # pretrained_dir here), the adapters and their optimizer state come from the checkpoint.
+    "lora_tp2": {"parallel.tensor_model_parallel_size": 2, "peft.scheme": "lora"},
+    "lora_pp2": {"parallel.pipeline_model_parallel_size": 2, "peft.scheme": "lora"},
 }
 STOP_AT = 10
 
@@ -217,7 +221,7 @@ class Chain:
 
 @pytest.fixture(scope="module")
 def chains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Chain]:
-    """The three layouts' chains: each phase one launch for all three."""
+    """The layouts' chains: each phase one launch for all of them."""
     tmp = tmp_path_factory.mktemp("resume")
     references = [Job(tmp, f"straight_{name}", layout) for name, layout in LAYOUTS.items()]
     chained = [Job(tmp, f"chained_{name}", layout) for name, layout in LAYOUTS.items()]
