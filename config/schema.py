@@ -280,10 +280,11 @@ class SchedulerConfig:
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     # A kind of config/registry.py: "mock", "indexed" (Megatron .bin/.idx blends), "sft"
-    # (prompt/response JSONL, loss on the response) or "energon" (multimodal)
+    # (prompt/response JSONL, loss on the response), "chat" ({"messages": [...]} JSONL rendered
+    # with the tokenizer's chat template, loss on the assistant's turns) or "energon" (multimodal)
     kind: str = field(default="mock", metadata=one_of(lambda: DATA_KINDS))
-    # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; sft: a JSONL file; energon: a prepared
-    # folder or blend file.
+    # indexed: one prefix or "w1 prefix1 w2 prefix2 ..."; sft and chat: a JSONL file; energon: a
+    # prepared folder or blend file.
     path: Optional[str] = None
     split: str = "969,30,1"  # train, validation, test weights of an indexed blend or SFT file
     # A local tokenizer.json or HF tokenizer folder; None uses a null tokenizer (mock data only).

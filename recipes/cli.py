@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="LoRA runs: write only the adapter, in Hugging Face PEFT's layout (default: merged)",
     )
-    add_data_parser(sub)  # `recipes data prepare|make-synthetic-vlm|make-synthetic-sft`
+    # `recipes data prepare|make-synthetic-vlm|make-synthetic-sft|make-synthetic-chat`
+    add_data_parser(sub)
     return parser
 
 

@@ -45,3 +45,27 @@ def test_a_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path: Path, make) -> 
     assert main(["export", str(tmp_path / "run" / "checkpoints"), str(out)]) == 0
     assert_loaded_as_saved(tensors(folder), tensors(out), make.__name__)
     transformers.AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_lora_on_one_gpu_trains_adapters_that_peft_loads(tmp_path: Path) -> None:
+    """LoRA in BF16 on the GPU (the local layers and SDPA attention whatever TE is present):
+    the loss falls and the exported adapter loads in peft on the folder."""
+    peft = pytest.importorskip("peft")
+    folder = llama(tmp_path / "hf")
+    cfg = hf_config(folder, tmp_path / "run")
+    cfg.name = "lora_gpu"
+    cfg.train.device, cfg.precision = "cuda", "bf16_mixed"
+    cfg.peft.scheme, cfg.peft.rank, cfg.peft.alpha = "lora", 4, 8.0
+    cfg.train.max_steps, cfg.scheduler.warmup_steps, cfg.optimizer.lr = 8, 1, 2e-2
+    config = write_yaml(cfg, tmp_path / "lora_gpu.yaml")
+    outcome = launch_many([config], 1, _env(tmp_path), tmp_path / "logs")["lora_gpu"]
+    assert outcome.error is None, outcome.failure("lora_gpu")
+    import json
+
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run/metrics.jsonl").open()]
+    assert losses[-1] < losses[0]
+    adapter = tmp_path / "adapter"
+    assert main(["export", str(tmp_path / "run" / "checkpoints"), str(adapter), "--adapter"]) == 0
+    peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(folder), adapter
+    )
