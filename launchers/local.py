@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,17 +98,101 @@ def nemorun_home(run_dir: Path, user_env: Mapping[str, str]) -> Path:
     return home
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130  # the shell's code for a run ended by Ctrl-C
+
+
+class Forwarder:
+    """Ctrl-C, SIGTERM and a closed terminal, passed on to the ranks.
+
+    torchrun starts in its own session and starts each rank in another, so a terminal's Ctrl-C
+    (SIGINT to the foreground process group) reaches this process alone, and a SIGTERM or hangup
+    that ended it would leave torchrun and the ranks training as orphans. The first such signal
+    sends the ranks SIGUSR1, their exit signal (training/stop.py): every rank stops at the same
+    step boundary, saves a checkpoint and exits 0, and torchrun with them. A second one kills every
+    process below this one at once: the checkpoint being written stays an iter_N.tmp folder, never
+    published, which the next run removes (training/checkpoint.py).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signalled: list[Any] = []  # the processes told to stop, waited for at the end
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Forwarder:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import psutil
+
+        self.count += 1
+        below = psutil.Process().children(recursive=True)
+        name = signal.Signals(signum).name
+        if self.count == 1:
+            ranks = [p for p in below if _is_rank(p)]
+            print(
+                f"\n{name}: the ranks save a checkpoint at the next step and exit "
+                "(again to stop at once, without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.signalled = below
+            _send(ranks, signal.SIGUSR1)
+            return
+        print(f"\n{name} again: stopping every process now, without saving", file=sys.stderr)
+        self.signalled += below
+        _send(self.signalled, signal.SIGKILL)
+
+    def wait(self, timeout: float = 120.0) -> None:
+        """Return once every process told to stop is gone: torchrun may end before its ranks have
+        finished exiting. Whatever outlives `timeout` is killed."""
+        import psutil
+
+        _, alive = psutil.wait_procs(self.signalled, timeout=timeout)
+        _send(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=10)
+
+
+def _is_rank(process: Any) -> bool:
+    try:
+        return ENTRY_MODULE in " ".join(process.cmdline())
+    except Exception:  # psutil.Error: it ended meanwhile
+        return False
+
+
+def _send(processes: list[Any], signum: int) -> None:
+    for process in processes:
+        try:
+            process.send_signal(signum)
+        except Exception:  # psutil.NoSuchProcess: it ended meanwhile
+            pass
+
+
 def run_local(executor: Any, script: Any, name: str, home: Path) -> int:
-    """Run in the foreground, streaming the ranks' output; 0 when every rank succeeded."""
+    """Run in the foreground, streaming the ranks' output; 0 when every rank succeeded, 130 when a
+    Ctrl-C (or SIGTERM, hangup) stopped it, 1 when a rank failed."""
     import nemo_run as run
     from nemo_run.config import set_nemorun_home
 
     set_nemorun_home(str(home))
-    with run.Experiment(name, executor=executor, log_level="WARN") as exp:
-        exp.add(script, name="train")
-        exp.run(sequential=True, tail_logs=True)
-    status = exp.status(return_dict=True) or {}
+    with Forwarder() as forwarder:
+        with run.Experiment(name, executor=executor, log_level="WARN") as exp:
+            exp.add(script, name="train")
+            exp.run(sequential=True, tail_logs=True)
+        status = exp.status(return_dict=True) or {}
+        if forwarder.count:  # a second Ctrl-C meanwhile still kills at once
+            forwarder.wait()
     state = str(status.get("train", {}).get("status", "UNKNOWN"))
+    if forwarder.count:
+        saved = "after its checkpoint" if forwarder.count == 1 else "without a checkpoint"
+        print(f"training stopped by a signal, {saved}; the same command resumes", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not state.startswith("SUCCEEDED"):
         print(f"training ended {state}; logs: {home}/experiments/{name}", file=sys.stderr)
         return 1

@@ -1,9 +1,9 @@
-"""LoRA across ranks: TP 2 and PP 2 train the same adapters as one data-parallel layout, and their
-exports are what peft computes.
+"""LoRA across ranks: TP 2, PP 2 and PP 2 x VPP 2 train the same adapters as one data-parallel
+layout, and their exports are what peft computes.
 
 A tiny Llama folder made here is the base (fp32, so layouts agree to rounding). The same LoRA run
 trains on mock data at DP 2 (the reference), TP 2 (column- and row-parallel adapters, the TP sum
-of the whole factors' gradients, training/lora.py) and PP 2; a missing reduction or a wrong slice
+of the whole factors' gradients, training/lora.py), PP 2 and the interleaved PP 2 x VPP 2; a missing reduction or a wrong slice
 would make the losses part within a few steps. Each layout's adapter, exported in peft's layout,
 loads on the folder in peft and gives the logits of its merged export. Exact resume of LoRA runs
 is tests/smoke/test_checkpoint.py (layouts lora_tp2, lora_pp2).
@@ -32,6 +32,7 @@ LAYOUTS = {
     "dp2": {},
     "tp2": {"tensor_model_parallel_size": 2},
     "pp2": {"pipeline_model_parallel_size": 2},
+    "pp2_vpp2": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
 }
 STEPS = 6
 
@@ -56,7 +57,7 @@ def test_tp_and_pp_train_the_same_adapters_and_export_what_peft_computes(tmp_pat
         assert outcomes[name].error is None, outcomes[name].failure(name)
     reference = losses(tmp_path / "dp2")
     assert reference[-1] < reference[0]
-    for name in ("tp2", "pp2"):
+    for name in ("tp2", "pp2", "pp2_vpp2"):
         assert losses(tmp_path / name) == pytest.approx(reference, rel=1e-4), name
 
     tokens = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(0))
