@@ -378,3 +378,25 @@ def _parse_list(text: str) -> Any:
         body = stripped[1:-1].strip()
         return [_parse_scalar(v) for v in body.split(",")] if body else []
     return [_parse_scalar(stripped)]
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"model.num_layers": 32, ...} of a config dict (to_dict's)."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out |= flatten(value, f"{prefix}{key}.")
+    return out
+
+
+def differences(saved: dict[str, Any], cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """field -> (saved value, value in `cfg`) for every field that differs between a config saved
+    as a dict (a checkpoint's) and `cfg`; the run's name, logs and checkpoint folders left out."""
+    old, new = flatten(saved), flatten(to_dict(cfg))
+    ignored = ("name", "logging.", "checkpoint.save_dir", "checkpoint.load_dir")
+    return {
+        k: (old.get(k), new.get(k))
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and not k.startswith(ignored)
+    }

@@ -24,6 +24,7 @@ from config.tree import ConfigError, apply_overrides, to_yaml, write_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
 from launchers.profile import Profile, load_profile, replace
+from launchers.resume import check_resume
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.registry import Recipe, get
 from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
@@ -137,6 +138,7 @@ def _run_local(
             ]
         )
     run_dir = _run_dir(cfg, profile)
+    check_resume(cfg, run_dir)  # before config.yaml is written: a refused resume leaves it
     cfg.logging.run_dir = str(run_dir)
     plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
     executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
@@ -162,6 +164,7 @@ def _run_slurm(
     from launchers.slurm import slurm_job
 
     run_dir = _run_dir(cfg, profile)
+    check_resume(cfg, run_dir)  # before the queue, and before config.yaml is written
     ranks_cfg, job = slurm_job(
         cfg,
         profile,

@@ -164,6 +164,12 @@ def build_scheduler(cfg: TrainingConfig, optimizer: Any) -> OptimizerParamSchedu
         wd_incr_style="constant",
         wsd_decay_steps=sched.wsd_decay_steps,
         lr_wsd_decay_style=sched.wsd_decay_style,
+        # On resume the schedule follows this config (a longer train.max_steps stretches the
+        # decay), the checkpoint giving only the step: Megatron-LM's
+        # --override-opt_param-scheduler. What cannot change is refused before launch
+        # (launchers/resume.py).
+        override_opt_param_scheduler=True,
+        use_checkpoint_opt_param_scheduler=False,
     )
 
 

@@ -174,7 +174,14 @@ class Checkpointer:
             data = ckpt_state.load_data(path, self.rank)
         self.states["data"].load_state_dict(data)
         if saved["config_hash"] != ckpt_state.config_hash(self.cfg):
-            self._say(f"checkpoint: the config differs from the one that saved {path}")
+            from config.tree import differences
+
+            changed = differences(saved["config"], self.cfg) if "config" in saved else {}
+            listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            self._say(
+                f"checkpoint: the config differs from the one that saved {path}"
+                + (f" ({listed}); the new values apply" if listed else "")
+            )
 
     def _verify(self, path: Path) -> str | None:
         """What is wrong with `path`'s files, by the manifest; each rank checks a share of them."""

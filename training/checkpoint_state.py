@@ -87,6 +87,8 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         "hf_origin": hf_origin(cfg),
         # A LoRA run's checkpoint holds adapters only: their settings, for `recipes export`.
         "peft": to_dict(cfg.peft) if cfg.peft.scheme != "none" else None,
+        # The whole config: a resume names what changed (launchers/resume.py, the engine).
+        "config": to_dict(cfg),
     }
 
 

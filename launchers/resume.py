@@ -1,0 +1,81 @@
+"""Before launch or queue: what a run would resume from, and whether it can.
+
+A run whose checkpoint folder already holds a complete checkpoint resumes from it (that is how
+job chains and requeues work). Some changes between the checkpoint and the new config cannot take
+effect on resume, and used to fail on every rank after start-up (or, worse, not at all):
+
+- the architecture (`model.*`), LoRA (`peft.*`) and the precision: the saved tensors would not fit;
+- the optimizer's `lr`, `min_lr` and kind: Megatron-Core's distributed optimizer finds its saved
+  parameter groups by these values (a changed lr was a KeyError on every rank);
+- `train.max_steps` at or below the checkpoint's step: nothing left to train.
+
+These are refused here, each naming the field, the checkpoint's value, the new one and the fix.
+What can change does: the LR schedule (warmup, decay, `train.max_steps` above the step) follows
+the new config, as Megatron-LM's --override-opt_param-scheduler makes it (training/build.py), and
+the engine prints every field that differs from the checkpoint's config when it resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from config.schema import TrainingConfig
+from config.tree import ConfigError, differences
+from training import checkpoint_dirs as dirs
+
+# Fields that cannot change on resume (a prefix ends with "."), and why.
+FIXED = {
+    "model.": "the saved weights have the checkpoint's architecture",
+    "peft.": "the saved adapters and optimizer state are the checkpoint's LoRA",
+    "precision": "the saved optimizer state and weights are in the checkpoint's precision",
+    "optimizer.optimizer": "the saved optimizer state is the checkpoint's optimizer's",
+    "optimizer.lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by lr",
+    "optimizer.min_lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by "
+    "min_lr",
+}
+
+
+def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint the run would resume from, and its train_state.json."""
+    ckpt = cfg.checkpoint
+    folder = (Path(ckpt.save_dir) if ckpt.save_dir else run_dir / "checkpoints").expanduser()
+    path = dirs.latest_checkpoint(folder) if folder.is_dir() else None
+    if path is None or not dirs.is_complete(path):
+        return None
+    return path, dirs.read_state(path)
+
+
+def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
+    """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work."""
+    found = latest_state(cfg, run_dir)
+    if found is None:
+        return
+    path, state = found
+    problems = []
+    step = int(state.get("step", 0))
+    if cfg.train.max_steps <= step:
+        problems.append(
+            (
+                "train.max_steps",
+                f"is {cfg.train.max_steps}, but {path} is at step {step}: nothing is left to "
+                f"train; raise train.max_steps above {step}, or give the run a new "
+                "logging.run_dir (or checkpoint.save_dir) to start afresh",
+            )
+        )
+    saved = state.get("config")
+    if saved is not None:
+        for field, (old, new) in differences(saved, cfg).items():
+            why = next((w for k, w in FIXED.items() if field == k or field.startswith(k)), None)
+            if why is not None:
+                problems.append(
+                    (
+                        field,
+                        f"is {new!r} but the checkpoint {path} was saved with {old!r}, and it "
+                        f"cannot change on resume ({why}); keep {field}={old!r}, or start "
+                        "afresh in a new logging.run_dir (or checkpoint.save_dir) with "
+                        f"checkpoint.pretrained_dir={path} to take its weights",
+                    )
+                )
+    if problems:
+        raise ConfigError(problems)
