@@ -38,21 +38,63 @@ FIXED = {
 
 def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest complete checkpoint the run would resume from, and its train_state.json."""
-    ckpt = cfg.checkpoint
-    folder = (Path(ckpt.save_dir) if ckpt.save_dir else run_dir / "checkpoints").expanduser()
+    folder = checkpoint_folder(cfg, run_dir)
     path = dirs.latest_checkpoint(folder) if folder.is_dir() else None
     if path is None or not dirs.is_complete(path):
         return None
     return path, dirs.read_state(path)
 
 
+# The model-parallel layout: what a dp_reshardable optimizer state cannot be reloaded across.
+LAYOUT = tuple(
+    f"parallel.{name}"
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "pipeline_model_parallel_layout",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+    )
+)
+
+
+def checkpoint_folder(cfg: TrainingConfig, run_dir: Path) -> Path:
+    ckpt = cfg.checkpoint
+    return (Path(ckpt.save_dir) if ckpt.save_dir else run_dir / "checkpoints").expanduser()
+
+
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
-    """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work."""
+    """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
+    checkpoint folder another live run holds (training/checkpoint_dirs.py RunLock)."""
+    folder = checkpoint_folder(cfg, run_dir)
+    busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
+    if busy is not None:
+        raise ConfigError(
+            [
+                (
+                    "checkpoint.save_dir",
+                    f"{busy}; wait for it to end, or give this run its own logging.run_dir "
+                    "(or checkpoint.save_dir)",
+                )
+            ]
+        )
     found = latest_state(cfg, run_dir)
     if found is None:
         return
     path, state = found
     problems = []
+    saved_name = (state.get("config") or {}).get("name", cfg.name)
+    if saved_name != cfg.name:
+        problems.append(
+            (
+                "checkpoint.save_dir",
+                f"{path.parent} holds the checkpoints of recipe {saved_name!r}, not {cfg.name!r}; "
+                "give this run its own logging.run_dir (or checkpoint.save_dir), with "
+                f"checkpoint.pretrained_dir={path} to start from those weights",
+            )
+        )
     step = int(state.get("step", 0))
     if cfg.train.max_steps <= step:
         problems.append(
@@ -64,6 +106,17 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
             )
         )
     saved = state.get("config")
+    if saved is not None and cfg.checkpoint.dist_optimizer_sharding == "dp_reshardable":
+        moved = [f for f in differences(saved, cfg) if f.startswith(LAYOUT)]
+        problems += [
+            (
+                field,
+                f"differs from the layout {path} was saved in; its optimizer state "
+                "(checkpoint.dist_optimizer_sharding=dp_reshardable) reloads only into the same "
+                "TP, PP, CP and EP: keep the layout, or save with fully_reshardable",
+            )
+            for field in moved
+        ]
     if saved is not None:
         for field, (old, new) in differences(saved, cfg).items():
             why = next((w for k, w in FIXED.items() if field == k or field.startswith(k)), None)

@@ -97,3 +97,43 @@ def test_the_scheduler_follows_the_new_config_on_resume() -> None:
     assert resumed.get_lr(resumed.optimizer.param_groups[0]) > first.get_lr(
         first.optimizer.param_groups[0]
     )
+
+
+def test_another_layout_is_refused_with_a_dp_reshardable_optimizer(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    found = problems(run_dir, ["parallel.tensor_model_parallel_size=1"])
+    assert "dp_reshardable" in found["parallel.tensor_model_parallel_size"]
+
+
+def test_another_recipe_in_the_folder_is_refused(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    _, cfg = resolve("tiny_moe_pretrain", [])
+    with pytest.raises(ConfigError) as err:
+        check_resume(cfg, run_dir)
+    assert "tiny_gpt_pretrain" in dict(err.value.problems)["checkpoint.save_dir"]
+
+
+def test_a_live_run_holds_its_folder_and_a_dead_one_does_not(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    code = (
+        "import sys, time; from pathlib import Path; from training.checkpoint_dirs import RunLock\n"
+        f"lock = RunLock(Path({str(folder)!r}))\n"
+        "assert lock.acquire({'host': 'h', 'pid': 1, 'recipe': 'r'}) is None\n"
+        "print('locked', flush=True); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        _, cfg = resolve("tiny_gpt_pretrain", [])
+        with pytest.raises(ConfigError) as err:
+            check_resume(cfg, tmp_path / "run")
+        assert "in use by another run" in dict(err.value.problems)["checkpoint.save_dir"]
+        assert '"recipe": "r"' in dict(err.value.problems)["checkpoint.save_dir"]
+    finally:
+        holder.kill()  # dies without releasing: the kernel drops its lock
+        holder.wait()
+    check_resume(cfg, tmp_path / "run")

@@ -93,12 +93,23 @@ class Checkpointer:
 
             self._async_strategy = _async_strategy()
             self._async_queue = get_async_strategy(self._async_strategy)[1]["AsyncCallsQueue"]()
+        self._lock = dirs.RunLock(self.save_dir)
+        problem = [None]
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            # No save of this job is in flight yet: whatever is half-written belongs to a dead one.
-            for path in dirs.clean_stale(self.save_dir):
-                print(f"checkpoint: removed incomplete {path}", flush=True)
-        dist.barrier()
+            # One run per folder, before anything in it is touched: a second run would resume the
+            # first's state, delete its saves in progress and prune its checkpoints.
+            problem[0] = self._lock.acquire(_holder(cfg, run_dir))
+            if problem[0] is None:
+                # No save of this job is in flight: whatever is half-written belongs to a dead one.
+                for path in dirs.clean_stale(self.save_dir):
+                    print(f"checkpoint: removed incomplete {path}", flush=True)
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0] is not None:
+            raise dirs.FolderInUse(
+                f"checkpoint.save_dir: {problem[0]}; wait for it to end, or give this run its own "
+                "logging.run_dir (or checkpoint.save_dir)"
+            )
 
     # --- resume -------------------------------------------------------------------------------
     def resume(self) -> Path | None:
@@ -266,11 +277,12 @@ class Checkpointer:
         self.close()
 
     def close(self) -> None:
-        """Finish any asynchronous save; end the writer's helper process."""
+        """Finish any asynchronous save; end the writer's helper process; free the folder."""
         if self._async_queue is not None:
             self._async_queue.close()
             self._async_queue = None
         checkpoint_helpers.stop()
+        self._lock.release()
 
     @property
     def step(self) -> int:
@@ -371,6 +383,19 @@ class Checkpointer:
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _holder(cfg: TrainingConfig, run_dir: Path) -> dict[str, Any]:
+    """What the lock file says of this run, for the message another run gets."""
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "recipe": cfg.name,
+        "run_dir": str(Path(run_dir).resolve()),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _disk_full(err: BaseException, folder: Path) -> bool:

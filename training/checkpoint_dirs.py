@@ -23,6 +23,7 @@ and verifies it, each rank a share of the files) and fall back to an older check
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -234,3 +235,62 @@ def clean_stale(save_dir: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return stale
+
+
+LOCK_FILE = ".run.lock"
+
+
+class FolderInUse(RuntimeError):
+    """Another live run holds the checkpoint folder."""
+
+
+class RunLock:
+    """One run per checkpoint folder: a POSIX record lock (fcntl.lockf) on save_dir/.run.lock.
+
+    The kernel drops the lock when its holder dies, however it dies, so a crashed run never leaves
+    the folder locked; lockf's record locks also work across the nodes of an NFS or Lustre mount
+    that supports them (`flock` would not on NFS). The file names the holder (host, pid, run
+    directory, recipe, start time) for the message a second run gets. Where the filesystem refuses
+    locks altogether, nothing is locked and the run says so.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK_FILE
+        self._file: Any = None
+
+    def acquire(self, holder: dict[str, Any]) -> str | None:
+        """Take the lock; returns None, or why the folder cannot be used (FolderInUse's text)."""
+        import fcntl
+
+        handle = self.path.open("a+", encoding="utf-8")
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            handle.seek(0)
+            text = handle.read().strip()
+            handle.close()
+            if err.errno in (errno.EACCES, errno.EAGAIN):
+                return f"{self.path.parent} is in use by another run ({text or 'unknown holder'})"
+            return None  # no locks on this filesystem: run unlocked (see the docstring)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        self._file = handle
+        return None
+
+    def holder(self) -> str | None:
+        """Who holds the lock now, or None (tried and given back at once: the launch check)."""
+        if not self.path.is_file():
+            return None
+        problem = self.acquire({})
+        self.release()
+        return problem
+
+    def release(self) -> None:
+        if self._file is not None:
+            import fcntl
+
+            fcntl.lockf(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
