@@ -68,6 +68,20 @@ class Report:
         }
 
 
+def _si(value: float) -> str:
+    """3 significant digits with a unit prefix: 0.261 T, 8.03 G, 1.11 M (a tiny model's figures
+    would read 0.000 T and 0.00B)."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.3g} "
+
+
+def _count(value: float) -> str:
+    """A parameter count as model cards write it: 8.03B, 1.11M, 558k."""
+    return _si(value).replace(" G", "B").replace(" M", "M").replace(" k", "k").strip()
+
+
 def _finite(value: float) -> float | None:
     return None if value == float("inf") else value
 
@@ -167,14 +181,14 @@ def render(report: Report) -> str:
         lines.append(f"pipeline {d.pipeline_layout}")
     if report.flops_per_token:
         lines.append(
-            f"compute  {report.flops_per_token / 1e12:.3f} TFLOP per token (causal, fwd+bwd)"
+            f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)"
         )
     mem = report.memory
     if mem:
         limit = _finite(c.spec.memory_gib)
         lines.append("")
         lines.append(
-            f"memory per GPU (pipeline rank {mem.pipeline_rank}, {mem.params_per_gpu / 1e9:.2f}B params)"
+            f"memory per GPU (pipeline rank {mem.pipeline_rank}, {_count(mem.params_per_gpu)} params)"
         )
         for part, gib in _breakdown(mem).items():
             lines.append(f"  {part:<12}{gib:>8.1f} GiB")

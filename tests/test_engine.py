@@ -103,6 +103,9 @@ def test_train_step_gives_the_recorded_loss(one_rank: None, tmp_path: Path) -> N
     assert first == pytest.approx(FIRST_LOSS, abs=1e-5)
     assert abs(first - math.log(256)) < 0.1
     assert rest[-1] < first  # mock documents count upwards: the model picks that up at once
+    # No GPU figures on the CPU: there is no accelerator for TFLOP/s or MFU to describe.
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert all(r["tflops_per_gpu"] is None and r["mfu"] is None for r in rows)
 
 
 def test_loss_is_the_mean_over_microbatches_of_each_ones_token_mean(one_rank: None) -> None:

@@ -68,7 +68,7 @@ def test_one_line_per_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
     assert lines[1]["loss"] == 5.0 and lines[1]["grad_norm"] is None
     assert lines[3]["loss"] is None and lines[3]["valid/loss"] == 2.5  # NaN is not valid JSON
     # Without a terminal, a console line every log_interval steps.
-    out = capsys.readouterr().out.splitlines()
+    out = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step")]
     assert [x.split(" | ")[0] for x in out] == ["step 2/10", "step 4/10"]
     assert "loss 5.0000" in out[0] and "MFU 1.0%" in out[0]
 
@@ -169,3 +169,25 @@ def test_resume_drops_steps_past_the_checkpoint(tmp_path: Path) -> None:
         json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_plot_has_loss_with_val_loss_the_lr_and_throughput() -> None:
+    from training.metrics import metrics_figure
+
+    rows = [
+        {"step": s, **_step_metrics(s), "val_loss": 3.0 if s % 2 == 0 else None}
+        for s in (1, 2, 3, 4)
+    ]
+    fig = metrics_figure(rows)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "learning rate", "tokens/s"]
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["loss", "val_loss"]
+
+
+def test_summary_at_the_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with MetricsLogger(tmp_path, _cfg(), is_writer=True) as logger:
+        for step in range(1, 6):
+            logger.on_step(step, {**_step_metrics(step), "step_time_s": 0.5})
+    out = capsys.readouterr().out
+    assert "summary: steps 1-5 of 10, 320 tokens in 0.0 min of steps" in out
+    assert "loss 10.0000 -> 2.0000 (best 2.0000 at step 5)" in out
+    assert f"metrics and plot {tmp_path / 'training.png'}" in out

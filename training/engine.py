@@ -229,14 +229,16 @@ class Trainer:
         self, result: Any, tokens_per_s: float, elapsed: float, val_loss: float | None = None
     ) -> None:
         world = dist.get_world_size()
-        tflops = self.flops_per_token * tokens_per_s / world / 1e12
+        # On the CPU there is no accelerator whose throughput the figure would describe.
+        on_gpu = self.device == "cuda"
+        tflops = self.flops_per_token * tokens_per_s / world / 1e12 if on_gpu else None
         metrics = {
             "loss": result.loss,
             "lr": result.lr,
             "grad_norm": result.grad_norm,
             "tokens_per_s": tokens_per_s,
             "tflops_per_gpu": tflops,
-            "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+            "mfu": tflops / self.peak_tflops if self.peak_tflops and tflops else None,
             "step_time_s": elapsed,
         }
         if val_loss is not None:

@@ -217,12 +217,36 @@ class MetricsLogger:
         rows = read_metrics(self.run_dir / METRICS_FILE)
         if rows:
             plot_metrics(rows, self.run_dir / PLOT_FILE, title=self.cfg.name)
+            print(summary(rows, self.cfg, self.run_dir), flush=True)
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def summary(rows: list[dict[str, Any]], cfg: TrainingConfig, run_dir: Path) -> str:
+    """The few lines printed when a run ends: steps, tokens, time, losses, where things are."""
+    first, last = rows[0], rows[-1]
+    losses = [(r["loss"], r["step"]) for r in rows if r.get("loss") is not None]
+    seconds = sum(r.get("step_time_s") or 0.0 for r in rows)
+    tokens = len(rows) * cfg.train.global_batch_size * cfg.model.seq_length
+    lines = [
+        f"summary: steps {first['step']}-{last['step']} of {cfg.train.max_steps}, "
+        f"{tokens:,} tokens in {seconds / 60:.1f} min of steps"
+    ]
+    if losses:
+        best, at = min(losses)
+        lines.append(
+            f"  loss {losses[0][0]:.4f} -> {losses[-1][0]:.4f} (best {best:.4f} at step {at})"
+        )
+    vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    if vals:
+        lines.append(f"  val_loss {vals[-1]:.4f} (best {min(vals):.4f})")
+    save_dir = Path(cfg.checkpoint.save_dir) if cfg.checkpoint.save_dir else run_dir / "checkpoints"
+    lines.append(f"  checkpoints {save_dir}; metrics and plot {run_dir / PLOT_FILE}")
+    return "\n".join(lines)
 
 
 def _step_of(line: str) -> int:
@@ -255,27 +279,43 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(rows: list[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
-    """Loss and tokens/s over step, saved as a PNG with the Agg backend (no display needed)."""
+    """Loss (and val_loss), the learning rate and tokens/s over step, saved as a PNG with the Agg
+    backend (no display needed)."""
+    out = Path(out)
+    metrics_figure(rows, title).savefig(out, dpi=100)
+    return out
+
+
+def metrics_figure(rows: list[dict[str, Any]], title: str = "") -> Any:
+    """The figure plot_metrics saves: one panel per quantity."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     # Figure + Agg canvas instead of pyplot: no global backend switch, no figure registry to leak.
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig = Figure(figsize=(14, 4), layout="constrained")
     FigureCanvasAgg(fig)
-    panels = (("loss", "loss"), ("tokens_per_s", "tokens/s"))
-    for i, (key, label) in enumerate(panels, start=1):
-        ax = fig.add_subplot(1, 2, i)
-        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="." if len(points) < 50 else None)
-        else:
+    # Each panel: (its label, its curves); val_loss shares the loss panel.
+    panels = (
+        ("loss", ("loss", "val_loss")),
+        ("learning rate", ("lr",)),
+        ("tokens/s", ("tokens_per_s",)),
+    )
+    for i, (label, keys) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, len(panels), i)
+        drawn = 0
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="." if len(points) < 50 else None, label=key)
+                drawn += 1
+        if not drawn:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        elif len(keys) > 1 and drawn > 1:
+            ax.legend()
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
-    out = Path(out)
-    fig.savefig(out, dpi=100)
-    return out
+    return fig
