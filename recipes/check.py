@@ -180,9 +180,7 @@ def render(report: Report) -> str:
     if d.pipeline_layout:
         lines.append(f"pipeline {d.pipeline_layout}")
     if report.flops_per_token:
-        lines.append(
-            f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)"
-        )
+        lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory
     if mem:
         limit = _finite(c.spec.memory_gib)

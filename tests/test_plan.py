@@ -91,7 +91,10 @@ def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cl
     """The bound, the weights-only memory cut and the recompute bisection lose nothing."""
     found = _plans(recipe, [], cluster, top=5)
     expected = _exhaustive(recipe, cluster, 5)
-    got = [((p.shape.tp, p.shape.pp, p.shape.cp, p.shape.ep, p.shape.etp), p.step.seconds) for p in found]
+    got = [
+        ((p.shape.tp, p.shape.pp, p.shape.cp, p.shape.ep, p.shape.etp), p.step.seconds)
+        for p in found
+    ]
     assert [g for g, _ in got] == [g for g, _ in expected]
     assert [s for _, s in got] == pytest.approx([s for _, s in expected])
 
@@ -101,7 +104,9 @@ def test_enumeration_covers_every_layout_check_accepts() -> None:
     _, cfg = resolve("llama3_8b_pretrain", [])
     enumerated = {(s.tp, s.cp, s.pp, s.vpp) for s in shapes(cfg, H100, {})}
     accepted = set()
-    for tp, cp, pp, vpp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (None, 2, 4, 8)):
+    for tp, cp, pp, vpp in itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (None, 2, 4, 8)
+    ):
         trial = copy.deepcopy(cfg)
         apply_overrides(
             trial,
