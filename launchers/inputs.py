@@ -19,9 +19,12 @@ and the missing path:
 - data.tokenizer must fit the model: a tokenizer with more ids than model.vocab_size is refused
   (ids past the embedding train silently on nothing under tensor parallelism). Its size is read
   from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch.
-- What cannot be seen from here is left to the job: a path inside the container image (no mount
-  covers it), a relative path in a container without `workdir`, or a filesystem this machine does
-  not have at all (the path's first component is missing, e.g. a compute node's local /raid).
+- What cannot be seen from here is left to a Slurm job: a path inside the container image (no
+  mount covers it), a relative path in a container without `workdir`, or a filesystem this machine
+  does not have at all (the path's first component is missing, e.g. a compute node's local /raid).
+  The local executor's ranks run here: a path missing here is missing for them.
+- The local executor also needs logging.run_dir and checkpoint.save_dir writable (or creatable
+  under their nearest existing folder), and W&B importable when logging.wandb_project asks for it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def _where_to_look(field: str, path: str, profile: Profile, cwd: Path) -> Path |
     elif not os.path.isabs(path):
         path = os.path.join(profile.workdir or cwd, path)
     parts = PurePosixPath(path).parts
-    if len(parts) > 1 and not Path(parts[0], parts[1]).exists():
+    remote = profile.executor != "local"  # the local executor's ranks run on this machine
+    if remote and len(parts) > 1 and not Path(parts[0], parts[1]).exists():
         return None  # a filesystem this machine does not mount
     return Path(path)
 
@@ -105,8 +109,53 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
             )
         )
     problems += _tokenizer_fits(cfg, profile, cwd)
+    if profile.executor == "local":  # what the ranks write and import, on this machine
+        problems += _writable(cfg, profile, cwd) + _packages(cfg)
     if problems:
         raise ConfigError(problems)
+
+
+def _writable(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:
+    """The folders the ranks write: each must be writable where it is, or creatable under its
+    nearest existing parent."""
+    out = []
+    run_root = cfg.logging.run_dir or profile.run_root or "runs"
+    for field, given in (
+        ("logging.run_dir", run_root),
+        ("checkpoint.save_dir", cfg.checkpoint.save_dir),
+    ):
+        if not given:
+            continue
+        path = Path(os.path.expanduser(given))
+        path = path if path.is_absolute() else cwd / path
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+            continue
+        what = "is not writable" if existing == path else f"cannot be created in {existing}"
+        out.append(
+            (
+                field,
+                f"{given} {what} (the ranks would fail writing {field.split('.')[-1]} after "
+                "start-up); pick a folder you can write to",
+            )
+        )
+    return out
+
+
+def _packages(cfg: TrainingConfig) -> list[tuple[str, str]]:
+    """Optional packages the config asks for, importable here (the local ranks' environment)."""
+    import importlib.util
+
+    if cfg.logging.wandb_project and cfg.logging.wandb_mode != "disabled":
+        if importlib.util.find_spec("wandb") is None:
+            return [
+                (
+                    "logging.wandb_project",
+                    f"is {cfg.logging.wandb_project!r} but wandb is not installed; install it "
+                    "(pip install wandb) or unset logging.wandb_project",
+                )
+            ]
+    return []
 
 
 def _tokenizer_fits(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:

@@ -95,9 +95,33 @@ def test_containers_are_looked_into_through_the_mounts(tmp_path: Path) -> None:
     assert [f for f, _ in problems(container_path, profile, Path("/"))] == ["checkpoint.load_dir"]
 
 
-def test_a_filesystem_this_machine_lacks_is_left_to_the_job(tmp_path: Path) -> None:
+def test_a_filesystem_this_machine_lacks_is_left_to_a_slurm_job(tmp_path: Path) -> None:
     cfg = cfg_with("checkpoint.load_dir=/no-such-fs-here/runs/x/checkpoints")
-    assert problems(cfg, LOCAL, tmp_path) == []
+    assert problems(cfg, Profile(executor="slurm-bare"), tmp_path) == []
+    # The local executor's ranks run here: missing here is missing for them, top folder or not.
+    fields = [f for f, _ in problems(cfg, LOCAL, tmp_path)]
+    assert fields == ["checkpoint.load_dir"]
+
+
+def test_local_folders_the_ranks_write_must_be_writable(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = cfg_with(f"logging.run_dir={blocker / 'run'}", f"checkpoint.save_dir={blocker / 'ck'}")
+    found = dict(problems(cfg, LOCAL, tmp_path))
+    assert set(found) == {"logging.run_dir", "checkpoint.save_dir"}
+    assert "cannot be created in" in found["logging.run_dir"]
+    assert problems(cfg_with(f"logging.run_dir={tmp_path / 'new' / 'run'}"), LOCAL, tmp_path) == []
+
+
+def test_wandb_asked_for_but_not_installed_is_refused(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    found = dict(problems(cfg_with("logging.wandb_project=demo"), LOCAL, tmp_path))
+    assert "pip install wandb" in found["logging.wandb_project"]
+    offline = cfg_with("logging.wandb_project=demo", "logging.wandb_mode=disabled")
+    assert problems(offline, LOCAL, tmp_path) == []
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
