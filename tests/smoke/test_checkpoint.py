@@ -317,7 +317,7 @@ def test_indexed_data_resumes_exactly_and_keep_last_prunes(tmp_path: Path) -> No
     (stale / dirs.STATE_FILE).write_text("{}")
     out = reference.run()
     assert "resumed from" not in out and not stale.exists()
-    kept = sorted(p.name for p in reference.ckpt_dir.iterdir())
+    kept = sorted(p.name for p in reference.ckpt_dir.iterdir() if p.name != dirs.LOCK_FILE)
     assert kept == [dirs.iter_name(5), dirs.iter_name(6), dirs.LATEST_FILE]
     assert (reference.ckpt_dir / dirs.LATEST_FILE).read_text().strip() == dirs.iter_name(6)
 
@@ -346,7 +346,8 @@ def test_async_save_publishes_complete_checkpoints(tmp_path: Path) -> None:
     out = job.run(script=ASYNC_ENTRY)
     for step in (2, 4, 6):
         assert f"saved {job.ckpt_dir / dirs.iter_name(step)} (step {step})" in out
-    assert sorted(p.name for p in job.ckpt_dir.iterdir())[0] == dirs.iter_name(4)  # keep_last
+    saved = sorted(p.name for p in job.ckpt_dir.iterdir() if p.name != dirs.LOCK_FILE)
+    assert saved[0] == dirs.iter_name(4)  # keep_last
     straight = job.metrics()
     # Roll `latest` back by hand, as a user would, and resume synchronously from step 4.
     (job.ckpt_dir / dirs.LATEST_FILE).write_text(dirs.iter_name(4) + "\n")
