@@ -49,7 +49,9 @@ def training(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             Problem(
                 "scheduler.warmup_steps",
                 f"{sched.warmup_steps} warmup steps leave no decay within {decay_steps} steps "
-                "(scheduler.decay_steps or train.max_steps); lower it",
+                "(scheduler.decay_steps or train.max_steps); lower it below "
+                f"{decay_steps}, e.g. scheduler.warmup_steps={max(0, decay_steps // 10)}, or "
+                "raise train.max_steps",
             )
         )
     if sched.decay_style == "wsd" and not sched.wsd_decay_steps:
