@@ -52,7 +52,7 @@ import numpy as np
 from config.finalize import Derived
 from config.schema import TrainingConfig
 from data.batches import SampledBatches, samples_needed
-from data.sft import SFTDataError, TokenRows, numbered_lines, on_first_rank
+from data.sft import SFTDataError, TokenRows, build_rows, numbered_lines, on_first_rank
 
 ROLES = ("system", "user", "assistant")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -325,22 +325,7 @@ def build_chat_dataset(
 ) -> ChatDataset:
     """data.kind=chat for a run: every rank reads and renders data.path the same way, and takes
     the `part` of the shuffled conversations that data.split gives it."""
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise ValueError(
-            f"data.tokenizer={cfg.data.tokenizer!r} has {tokenizer.vocab_size} ids but "
-            f"model.vocab_size={cfg.model.vocab_size}; use the model's own tokenizer or raise "
-            "model.vocab_size"
-        )
-    dataset = ChatDataset(
-        cfg.data.path,
-        tokenizer,
-        seq_length=cfg.model.seq_length,
-        num_samples=num_samples,
-        packing=cfg.data.sequence_packing,
-        seed=cfg.data.seed,
-        split=cfg.data.split,
-        part=part,
-    )
+    dataset = build_rows(ChatDataset, cfg, tokenizer, num_samples, part)
     if part == "train" and (dataset.truncated or dataset.skipped):
         on_first_rank(
             f"chat data: {dataset.truncated} conversations lost their oldest exchanges and "

@@ -335,18 +335,16 @@ def on_first_rank(message: str) -> None:
         print(message, flush=True)
 
 
-def build_sft_dataset(
-    cfg: Any, tokenizer: Any, num_samples: int, part: str = "train"
-) -> SFTDataset:
-    """data.kind=sft for a run: every rank reads and tokenizes data.path the same way, and takes
-    the `part` of the shuffled pairs that data.split gives it."""
+def build_rows(dataset_class: Any, cfg: Any, tokenizer: Any, num_samples: int, part: str) -> Any:
+    """A TokenRows dataset (SFT pairs, chat conversations) of data.path for a run: every rank
+    reads and tokenizes it the same way and takes the `part` that data.split gives it."""
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"data.tokenizer={cfg.data.tokenizer!r} has {tokenizer.vocab_size} ids but "
             f"model.vocab_size={cfg.model.vocab_size}; use the model's own tokenizer or raise "
             "model.vocab_size"
         )
-    dataset = SFTDataset(
+    return dataset_class(
         cfg.data.path,
         tokenizer,
         seq_length=cfg.model.seq_length,
@@ -356,6 +354,14 @@ def build_sft_dataset(
         split=cfg.data.split,
         part=part,
     )
+
+
+def build_sft_dataset(
+    cfg: Any, tokenizer: Any, num_samples: int, part: str = "train"
+) -> SFTDataset:
+    """data.kind=sft for a run: every rank reads and tokenizes data.path the same way, and takes
+    the `part` of the shuffled pairs that data.split gives it."""
+    dataset = build_rows(SFTDataset, cfg, tokenizer, num_samples, part)
     if part == "train" and dataset.skipped:
         on_first_rank(
             f"sft data: skipped {dataset.skipped} pairs whose prompt fills "
