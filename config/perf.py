@@ -280,7 +280,7 @@ def layer_costs(
         "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
     }
     if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs
-        for part in (dense, layer, output):
+        for part in {id(p): p for p in (dense, layer, output)}.values():  # layer is dense's
             part["gemm"] *= 2 / 3
     costs = LayerCosts(
         dense=dense,

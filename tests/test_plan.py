@@ -167,3 +167,15 @@ def test_plan_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "llama3_8b_pretrain", "--gpu", "cpu"]) == 2
     assert "--gpu" in capsys.readouterr().err
     assert main(["plan", "llama3_8b_pretrain", "--top", "0"]) == 2
+
+
+def test_lora_prices_frozen_weights_at_two_thirds_of_the_gemm_time() -> None:
+    """No weight gradient for a frozen weight: 4 of the 6 FLOPs a trained one takes."""
+    from config.perf import layer_costs
+
+    _, full = resolve("llama3_8b_sft", [])
+    _, lora = resolve("llama3_8b_sft", ["peft.scheme=lora"])
+    a = layer_costs(full, H100, finalize(full, H100))
+    b = layer_costs(lora, H100, finalize(lora, H100))
+    for part in ("dense", "moe", "output"):
+        assert getattr(b, part)["gemm"] == pytest.approx(getattr(a, part)["gemm"] * 2 / 3)
