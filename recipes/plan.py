@@ -175,14 +175,17 @@ def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
     return [(None, None, None), ("selective", None, None), *full, ("full", "uniform", 1)]
 
 
-def _apply(work: TrainingConfig, shape: Shape, mbs: int, recompute: tuple) -> None:
+def _apply(
+    work: TrainingConfig, shape: Shape, mbs: int, recompute: tuple, sp: bool | None = None
+) -> None:
+    """Set `work` to a candidate; sequence parallel with TP > 1 unless pinned (`sp`)."""
     par, m = work.parallel, work.model
     par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
     par.pipeline_model_parallel_size = shape.pp
     par.virtual_pipeline_model_parallel_size = shape.vpp
     par.pipeline_model_parallel_layout = shape.layout
     par.expert_model_parallel_size, par.expert_tensor_parallel_size = shape.ep, shape.etp
-    par.sequence_parallel = shape.tp > 1
+    par.sequence_parallel = shape.tp > 1 if sp is None else sp and shape.tp > 1
     work.train.micro_batch_size = mbs
     m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute
 
@@ -257,13 +260,14 @@ def plan(
     if "optimizer.use_distributed_optimizer" not in pinned:
         work.optimizer.use_distributed_optimizer = True
     bounds, costs_cache, counts = [], {}, {}
+    sp = pinned.get(PAR + "sequence_parallel")  # None: on wherever TP > 1
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = cluster.spec.memory_gib * (1 - margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     for shape in shapes(cfg, cluster, pinned):
         recompute = _recomputes(cfg, shape, pinned)[0]
         for mbs in mbs_choices or MICRO_BATCHES:
-            _apply(work, shape, mbs, recompute)
+            _apply(work, shape, mbs, recompute, sp)
             derived, loads = fast(shape, mbs, recompute)
             if derived is None:
                 continue
@@ -288,7 +292,7 @@ def plan(
         group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
         beat = min(kth, found[group].step.seconds if group in found else kth)
         recomputes = _recomputes(cfg, shape, pinned)
-        for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit):
+        for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit, sp):
             step = predict(work, cluster, derived, costs=costs_cache[key])
             if step.seconds >= beat:
                 break  # more recompute is only slower
@@ -309,6 +313,7 @@ def _fitting(
     mbs: int,
     recomputes: list[tuple],
     limit: float,
+    sp: bool | None = None,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory.
@@ -317,7 +322,7 @@ def _fitting(
     found by bisection."""
 
     def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
-        _apply(work, shape, mbs, recomputes[index])
+        _apply(work, shape, mbs, recomputes[index], sp)
         derived = finalize(work, cluster)
         memory = estimate_memory(work, cluster, derived)
         return (derived, memory) if memory and memory.total_gib <= limit else None

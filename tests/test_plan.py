@@ -134,6 +134,15 @@ def test_fields_on_the_command_line_are_pinned() -> None:
         assert pins[0] in p.overrides and pins[1] in p.overrides
 
 
+def test_sequence_parallel_pinned_off_stays_off() -> None:
+    pins = ["parallel.sequence_parallel=false"]
+    _, cfg = resolve("llama3_70b_pretrain", pins)
+    from recipes.plan import pinned
+
+    plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins), top=3)[0]
+    assert plans and all(pins[0] in p.overrides for p in plans)
+
+
 def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "llama3_8b_pretrain", "--top", "3", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)
