@@ -209,10 +209,3 @@ def finalize_with_adapters(finalize: Any, config: Any) -> Any:
         return result
 
     return run
-
-
-def trainable_parameters(chunks: list[torch.nn.Module]) -> tuple[int, int]:
-    """(trainable, total) parameters on this rank."""
-    total = sum(p.numel() for c in chunks for p in c.parameters())
-    trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
-    return trainable, total

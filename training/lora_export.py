@@ -27,16 +27,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from config.hf import CONFIG_FILE, is_hf_folder, read_config
+from config.hf import CONFIG_FILE, is_hf_folder
 from config.rules.peft import ADAPTER_NAMES
 from models.hf.mapping import Assembler, split
 from training import checkpoint_dirs as dirs
 from training.checkpoint_state import safe_loading
 from training.hf_convert import ConvertError, finish, fresh_output, module_of
 from training.hf_export import (
-    TOKENIZER_FILES,
     _CachedReader,
     _checkpoint_keys,
+    _copy_tokenizer,
     _family_for,
     _load_boxes,
     _model_of,
@@ -184,12 +184,6 @@ def _write_merged(
     if left:
         raise ConvertError(f"{origin} has no tensor {sorted(left)[0]} for its adapter")
     for name in (CONFIG_FILE, "generation_config.json", "model.safetensors.index.json"):
-        if (origin / name).is_file():
+        if (origin / name).is_file():  # config.json always: `origin` is a Hugging Face folder
             shutil.copyfile(origin / name, tmp / name)
-    if not (tmp / CONFIG_FILE).is_file():
-        (tmp / CONFIG_FILE).write_text(json.dumps(read_config(origin), indent=2) + "\n")
-    tokenizer = Path(state["tokenizer"]) if state.get("tokenizer") else None
-    for source in [p for p in (tokenizer, origin) if p is not None and p.is_dir()]:
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file() and not (tmp / name).exists():
-                shutil.copyfile(source / name, tmp / name)
+    _copy_tokenizer(tmp, state, origin)
