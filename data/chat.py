@@ -51,8 +51,15 @@ import numpy as np
 
 from config.finalize import Derived
 from config.schema import TrainingConfig
-from data.batches import SampledBatches, samples_needed
-from data.sft import SFTDataError, TokenRows, build_rows, numbered_lines, on_first_rank
+from data.batches import SampledBatches
+from data.sft import (
+    SFTDataError,
+    TokenRows,
+    build_rows,
+    numbered_lines,
+    on_first_rank,
+    rows_batches,
+)
 
 ROLES = ("system", "user", "assistant")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -340,7 +347,4 @@ def batches(
 ) -> SampledBatches:
     """The batch source of data.kind=chat (config/registry.py): this rank's share of the `part`
     ("train" or "valid") rows, enough for every step (or evaluation) of the run."""
-    from data.tokenizer import build_tokenizer
-
-    dataset = build_chat_dataset(cfg, build_tokenizer(cfg), samples_needed(cfg, part), part)
-    return SampledBatches(cfg, derived, dataset, dp_rank, device)
+    return rows_batches(build_chat_dataset, cfg, derived, dp_rank, device, part)

@@ -375,7 +375,15 @@ def batches(
 ) -> SampledBatches:
     """The batch source of data.kind=sft (config/registry.py): this rank's share of the `part`
     ("train" or "valid") rows, enough for every step (or evaluation) of the run."""
+    return rows_batches(build_sft_dataset, cfg, derived, dp_rank, device, part)
+
+
+def rows_batches(
+    build: Any, cfg: TrainingConfig, derived: Derived, dp_rank: int, device: str, part: str
+) -> SampledBatches:
+    """The batch source of a token-rows kind (sft, chat): `build(cfg, tokenizer, samples, part)`
+    makes its dataset, of as many rows as the run's steps (or evaluations) need."""
     from data.tokenizer import build_tokenizer
 
-    dataset = build_sft_dataset(cfg, build_tokenizer(cfg), samples_needed(cfg, part), part)
+    dataset = build(cfg, build_tokenizer(cfg), samples_needed(cfg, part), part)
     return SampledBatches(cfg, derived, dataset, dp_rank, device)
