@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
+from config.precision import PrecisionPreset
 from config.schema import ModelConfig, TrainingConfig
 from config.tree import in_range
 
@@ -319,6 +320,18 @@ def _layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     return outside, inside
 
 
+def bytes_per_parameter(
+    cfg: TrainingConfig, preset: PrecisionPreset | None
+) -> tuple[int, int, int, int]:
+    """(weight, FP8 cache, gradient, optimizer state) bytes of one trained parameter: the weight
+    in the preset's dtype, TE's FP8 copy of a decoder weight (0 without FP8), the gradient buffer,
+    and the FP32 master plus Adam's two moments (SGD: one)."""
+    weight = 4 if preset is not None and preset.params_dtype == "fp32" else 2
+    fp8 = 2 if preset is not None and preset.fp8_recipe is not None else 0
+    grad = 4 if cfg.parallel.grad_reduce_in_fp32 else 2
+    return weight, fp8, grad, 8 if cfg.optimizer.optimizer == "sgd" else 12
+
+
 def _in_flight(pp: int, vpp: int, rank: int, microbatches: int) -> list[int]:
     """Microbatches whose activations a rank holds at its peak, per virtual stage."""
     if vpp == 1:
@@ -414,9 +427,7 @@ def estimate_memory(
                 r[lm] += (count.output + tied_copy + count.final_norm) / tp
                 heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
                 r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
-    grad_bytes = 4 if par.grad_reduce_in_fp32 else 2
-    weight_bytes = 4 if derived.preset is not None and derived.preset.params_dtype == "fp32" else 2
-    opt_bytes = 8 if cfg.optimizer.optimizer == "sgd" else 12
+    weight_bytes, _, grad_bytes, opt_bytes = bytes_per_parameter(cfg, derived.preset)
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group, expert_group = (dp * par.context_parallel_size, edp or 1) if sharded else (1, 1)
     best: MemoryEstimate | None = None

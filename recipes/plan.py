@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from config import layout as layouts
-from config.estimate import GIB, OVERHEAD_GIB, MemoryEstimate, count_parameters, estimate_memory
+from config.estimate import (
+    GIB,
+    OVERHEAD_GIB,
+    MemoryEstimate,
+    bytes_per_parameter,
+    count_parameters,
+    estimate_memory,
+)
 from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
 from config.hardware import Cluster
 from config.perf import StepTime, layer_costs, predict, rank_loads, rank_params, shard_params
@@ -346,11 +353,8 @@ class _StaticMemory:
     def __init__(self, work: TrainingConfig, cluster: Cluster, limit_gib: float) -> None:
         self.count, self.work = count_parameters(work), work
         self.limit = (limit_gib - OVERHEAD_GIB) * GIB
-        preset = finalize(work, cluster).preset
-        fp8 = preset is not None and preset.fp8_recipe is not None
-        self.weight = (4 if preset and preset.params_dtype == "fp32" else 2) + (2 if fp8 else 0)
-        self.grad = 4 if work.parallel.grad_reduce_in_fp32 else 2
-        self.opt = 8 if work.optimizer.optimizer == "sgd" else 12
+        weight, fp8, self.grad, self.opt = bytes_per_parameter(work, finalize(work, cluster).preset)
+        self.weight = weight + fp8
         if work.peft.scheme == "lora":  # a frozen base holds weights only (adapters left out)
             self.grad = self.opt = 0
 
