@@ -172,8 +172,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     if not plans:  # a problem no layout can fix (precision, model, data) is the checker's to name
         report = check(cfg, cluster, suggest_fixes=False)
-        report.problems = [p for p in report.problems if not p.field.startswith("parallel.")]
-        report.problems = [p for p in report.problems if p.field not in LAYOUT_FIELDS]
+        report.problems = [
+            p
+            for p in report.problems
+            if not p.field.startswith("parallel.") and p.field not in LAYOUT_FIELDS
+        ]
         if report.problems:
             print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
             return EXIT_INVALID
