@@ -38,6 +38,13 @@ def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
     return prefixes, w
 
 
+def index_cache_base(prefixes: list[str], cache_dir: str | None) -> str | None:
+    """Where Megatron's index caches go: data.index_cache_dir, else `<first local prefix>/cache`
+    beside the data (None: object storage only, Megatron's own default)."""
+    local = [p for p in prefixes if "://" not in p]
+    return cache_dir or (f"{local[0]}/cache" if local else None)
+
+
 def split_weights(split: str) -> list[float]:
     """data.split ("969,30,1", or with "/") as [train, validation, test] weights, missing ones 0.
 

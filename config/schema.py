@@ -289,6 +289,10 @@ class DataConfig:
     split: str = "969,30,1"  # train, validation, test weights of an indexed blend or SFT file
     # A local tokenizer.json or HF tokenizer folder; None uses a null tokenizer (mock data only).
     tokenizer: Optional[str] = None
+    # indexed: where Megatron's dataset index caches (sample orders, blend indices) are written;
+    # None puts them beside the data, in <first prefix>/cache, which needs the data's folder
+    # writable. Point it elsewhere for read-only data (a shared, scratch-mounted dataset).
+    index_cache_dir: Optional[str] = None
     num_workers: int = field(default=2, metadata=within(0, 1024))
     seed: int = field(default=1234, metadata=SEED)
     # SFT and Energon: pack several samples into one sequence instead of padding each.

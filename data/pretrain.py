@@ -8,8 +8,8 @@ Caveats (megatron-core 0.19, read from its sources):
   its own datasets; with one, global rank 0 builds first (and writes the index caches), the others
   wait at a barrier of the default group and then read the caches. So every rank must call this,
   including those for which `is_built_on_rank()` is False (they get None back).
-- The index caches go under `cache_dir`, or by default under `<first prefix>/cache/` next to the
-  data, which must then be writable (pass a run-local folder for read-only shared datasets), in a
+- The index caches go under `cache_dir`, else data.index_cache_dir, else `<first prefix>/cache/`
+  next to the data, which must then be writable (set it for read-only shared datasets), in a
   folder `GPTDataset_indices-<key>` whose key hashes the path, size and mtime of every .bin and
   .idx of the blend: a dataset regenerated in place gets new caches instead of Megatron's stale
   ones (which it would trust, keyed as they are by the data's name and document count only). The
@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from config.blend import parse_blend
+from config.blend import index_cache_base, parse_blend
 from config.finalize import padded_vocab_size
 from data.indexed import IndexedDataError, file_key, inspect_indexed, locate_id
 
@@ -58,15 +58,9 @@ def _check_prefixes(path: str, prefixes: list[str]) -> None:
             )
 
 
-def _cache_base(prefixes: list[str], cache_dir: str | None) -> str | None:
-    """The folder the caches go under: `cache_dir`, else `<first local prefix>/cache`."""
-    local = [p for p in prefixes if "://" not in p]
-    return cache_dir or (os.path.join(local[0], "cache") if local else None)
-
-
 def index_cache_dir(prefixes: list[str], cache_dir: str | None) -> str | None:
     """Megatron's `path_to_cache`: a folder keyed by the data files' path, size and mtime."""
-    base = _cache_base(prefixes, cache_dir)
+    base = index_cache_base(prefixes, cache_dir)
     if base is None:
         return None  # object storage only: Megatron's own default
     files = [p if "://" in p else p + ext for p in prefixes for ext in (".bin", ".idx")]
@@ -82,7 +76,7 @@ def check_indexed_data(cfg: TrainingConfig, prefixes: list[str], cache_dir: str 
     m = cfg.model
     tp = cfg.parallel.tensor_model_parallel_size
     rows = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
-    base = _cache_base(prefixes, cache_dir)
+    base = index_cache_base(prefixes, cache_dir)
     memo = os.path.join(base, "indexed_checks") if base else None
 
     def check() -> None:
@@ -142,6 +136,7 @@ def build_pretrain_datasets(
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
     data = cfg.data
+    cache_dir = cache_dir or data.index_cache_dir
     if data.kind == "mock":
         blend, dataset_cls, path_to_cache = None, MockGPTDataset, cache_dir
     elif data.kind == "indexed":

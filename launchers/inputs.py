@@ -23,15 +23,18 @@ and the missing path:
   mount covers it), a relative path in a container without `workdir`, or a filesystem this machine
   does not have at all (the path's first component is missing, e.g. a compute node's local /raid).
   The local executor's ranks run here: a path missing here is missing for them.
-- The local executor also needs logging.run_dir and checkpoint.save_dir writable (or creatable
-  under their nearest existing folder), and W&B importable when logging.wandb_project asks for it.
+- The local executor also needs logging.run_dir, checkpoint.save_dir and the indexed data's index
+  cache folder (data.index_cache_dir, else beside the data) writable or creatable under their
+  nearest existing folder, and W&B importable when logging.wandb_project asks for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path, PurePosixPath
 
+from config.blend import index_cache_base, parse_blend
 from config.registry import data_kind
 from config.rules.pretrained import pretrained_problems
 from config.schema import TrainingConfig
@@ -120,10 +123,21 @@ def _writable(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[st
     nearest existing parent."""
     out = []
     run_root = cfg.logging.run_dir or profile.run_root or "runs"
-    for field, given in (
-        ("logging.run_dir", run_root),
-        ("checkpoint.save_dir", cfg.checkpoint.save_dir),
-    ):
+    folders = [
+        ("logging.run_dir", run_root, "pick a folder you can write to"),
+        ("checkpoint.save_dir", cfg.checkpoint.save_dir, "pick a folder you can write to"),
+    ]
+    if data_kind(cfg) is not None and cfg.data.kind == "indexed" and cfg.data.path:
+        with contextlib.suppress(ValueError):  # a data.path the checker has refused already
+            cache = index_cache_base(parse_blend(cfg.data.path)[0], cfg.data.index_cache_dir)
+            fix = (
+                "pick a folder you can write to"
+                if cfg.data.index_cache_dir
+                else "the index caches go beside the data by default: for read-only data set "
+                "data.index_cache_dir to a folder you can write to (e.g. under the run directory)"
+            )
+            folders.append(("data.index_cache_dir", cache, fix))
+    for field, given, fix in folders:
         if not given:
             continue
         path = Path(os.path.expanduser(given))
@@ -136,7 +150,7 @@ def _writable(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[st
             (
                 field,
                 f"{given} {what} (the ranks would fail writing {field.split('.')[-1]} after "
-                "start-up); pick a folder you can write to",
+                f"start-up); {fix}",
             )
         )
     return out

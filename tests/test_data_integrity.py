@@ -204,6 +204,15 @@ def test_a_dataset_regenerated_in_place_gets_fresh_index_caches(tmp_path: Path, 
     assert len(list((tmp_path / "d" / "cache").glob("GPTDataset_indices-*"))) == 2
 
 
+def test_data_index_cache_dir_moves_the_caches_off_the_data(tmp_path: Path, tok) -> None:
+    prefix = make(tmp_path / "d", docs(20, 10))
+    cfg = config(prefix, tok)
+    cfg.data.index_cache_dir = str(tmp_path / "elsewhere")
+    build_pretrain_datasets(cfg, tok, 16, 0)
+    assert list((tmp_path / "elsewhere").glob("GPTDataset_indices-*"))
+    assert not (tmp_path / "d" / "cache").exists()
+
+
 # --- Energon's loader state in a checkpoint: unpickled with its own classes only -----------------
 
 

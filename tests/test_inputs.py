@@ -113,6 +113,33 @@ def test_local_folders_the_ranks_write_must_be_writable(tmp_path: Path) -> None:
     assert problems(cfg_with(f"logging.run_dir={tmp_path / 'new' / 'run'}"), LOCAL, tmp_path) == []
 
 
+def test_read_only_data_needs_an_index_cache_dir(tmp_path: Path, monkeypatch) -> None:
+    """Megatron writes its index caches beside the data unless data.index_cache_dir moves them."""
+    import os
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for ext in (".bin", ".idx"):
+        (data / f"web{ext}").write_bytes(b"")
+    real_access = os.access
+
+    def read_only_data(path, mode):  # as root chmod does not stop writes: deny them here
+        if str(path).startswith(str(data)) and mode & os.W_OK:
+            return False
+        return real_access(path, mode)
+
+    monkeypatch.setattr("launchers.inputs.os.access", read_only_data)
+    beside = cfg_with("data.kind=indexed", f"data.path={data / 'web'}")
+    found = dict(problems(beside, LOCAL, tmp_path))
+    assert set(found) == {"data.index_cache_dir"}
+    assert f"cannot be created in {data}" in found["data.index_cache_dir"]
+    assert "set data.index_cache_dir" in found["data.index_cache_dir"]
+    moved = cfg_with(
+        "data.kind=indexed", f"data.path={data / 'web'}", f"data.index_cache_dir={tmp_path / 'c'}"
+    )
+    assert problems(moved, LOCAL, tmp_path) == []
+
+
 def test_wandb_asked_for_but_not_installed_is_refused(tmp_path: Path) -> None:
     import importlib.util
 
