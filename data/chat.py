@@ -40,7 +40,6 @@ Rows, order, split, packing and epochs are data.kind=sft's (data/sft.py `TokenRo
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,24 +51,13 @@ import numpy as np
 from config.finalize import Derived
 from config.schema import TrainingConfig
 from data.batches import SampledBatches
-from data.sft import (
-    SFTDataError,
-    TokenRows,
-    build_rows,
-    numbered_lines,
-    on_first_rank,
-    rows_batches,
-)
+from data.records import ChatDataError, read_conversations
+from data.sft import TokenRows, build_rows, on_first_rank, rows_batches
 
-ROLES = ("system", "user", "assistant")
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Stands in for an assistant message to learn what the template writes after one: no whitespace
 # (templates trim), no '<think>' (Qwen3 splits on it).
 PROBE = "PROBE_d41d8cd98f00b204"
-
-
-class ChatDataError(SFTDataError):
-    """A line of data.path that is not a conversation, or one the chat template cannot mask."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,62 +70,6 @@ class Conversation:
     def loss_mask(self) -> list[float]:
         """Per (input, label) position: 1 where the label, token j + 1, is the assistant's."""
         return self.assistant[1:].astype(np.float32).tolist()
-
-
-def _message(obj: Any, path: Path, line: int, k: int) -> dict[str, str]:
-    where = f"{path}:{line}: message {k}"
-    if not isinstance(obj, dict):
-        raise ChatDataError(f"{where} must be an object with role and content")
-    role, content = obj.get("role"), obj.get("content")
-    if not isinstance(role, str) or not isinstance(content, str):
-        raise ChatDataError(
-            f"{where}: role and content must be strings, got role={role!r}, content of type "
-            f"{type(content).__name__}"
-        )
-    if role not in ROLES:
-        raise ChatDataError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
-    if role == "system" and k != 0:
-        raise ChatDataError(f"{where}: a system message may only come first")
-    if role == "assistant" and not content.strip():
-        raise ChatDataError(f"{where}: the assistant's content is empty; fill it in or drop it")
-    return {"role": role, "content": content}
-
-
-def read_conversations(path: str | Path) -> Iterator[tuple[int, list[dict[str, str]]]]:
-    """(line, messages) of every non-blank line, cut after its last assistant message; a line that
-    is not a conversation with an answer is a ChatDataError naming the file and the line."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"data.path={str(path)!r} is not a file; data.kind=chat reads a JSONL file of "
-            '{"messages": [{"role": ..., "content": ...}, ...]} lines'
-        )
-    for number, line in numbered_lines(p, ChatDataError):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ChatDataError(f"{p}:{number}: not JSON ({err.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
-            raise ChatDataError(
-                f"{p}:{number}: no messages list; each line of data.path must be "
-                '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", ...}]}'
-            )
-        messages = [_message(m, p, number, k) for k, m in enumerate(obj["messages"])]
-        answers = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
-        if not answers:
-            raise ChatDataError(
-                f"{p}:{number}: no assistant message, so the conversation teaches nothing; "
-                "add the answer or drop the line"
-            )
-        first = 1 if messages[0]["role"] == "system" else 0
-        if messages[first]["role"] != "user":
-            raise ChatDataError(
-                f"{p}:{number}: message {first} must be the user's: the first assistant turn "
-                "answers something"
-            )
-        yield number, messages[: answers[-1] + 1]
 
 
 def exchanges(messages: list[dict[str, str]]) -> list[list[dict[str, str]]]:

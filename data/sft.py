@@ -30,9 +30,6 @@ or not. Index i is always the same row, so resuming from
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +43,9 @@ from config.blend import split_weights
 from config.finalize import Derived
 from config.schema import TrainingConfig
 from data.batches import SampledBatches, samples_needed
+from data.records import SFTDataError, read_pairs
 
-PROMPT_KEYS = ("prompt", "input")
-RESPONSE_KEYS = ("response", "output")
 BATCH = 512  # pairs per tokenizer call
-
-
-class SFTDataError(ValueError):
-    """A line of data.path that is not a prompt/response pair."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,76 +60,6 @@ class Pair:
         j is token j + 1, so from the prompt's last position on)."""
         quiet = max(self.prompt_len - 1, 0)
         return [0.0] * quiet + [1.0] * (len(self.ids) - 1 - quiet)
-
-
-def numbered_lines(path: Path, error: type[ValueError] = SFTDataError) -> Iterator[tuple[int, str]]:
-    """(number, text) of every line; one that is not UTF-8, or a .gz that is cut short or
-    corrupt, is an `error` naming the file and the line."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    number = 0
-    with opener(path, "rb") as f:
-        lines = iter(f)
-        while True:
-            try:
-                raw = next(lines)
-            except StopIteration:
-                return
-            except (EOFError, OSError, zlib.error) as err:  # gzip: truncated, or not gzip at all
-                raise error(
-                    f"{path}:{number + 1}: cannot read past line {number} ({err}); the file is "
-                    "truncated or corrupt: write (or compress) it again"
-                ) from None
-            number += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise error(
-                    f"{path}:{number}: not UTF-8 (byte {raw[err.start]:#04x} at byte "
-                    f"{err.start + 1} of the line); convert the file, e.g. iconv -f latin1 -t utf-8"
-                ) from None
-            yield number, text
-
-
-def _pick(obj: dict, keys: Sequence[str], path: Path, line: int) -> str:
-    for key in keys:
-        if key in obj:
-            value = obj[key]
-            if not isinstance(value, str):
-                raise SFTDataError(
-                    f"{path}:{line}: {key!r} must be a string, not {type(value).__name__}"
-                )
-            return value
-    raise SFTDataError(
-        f"{path}:{line}: no {' or '.join(map(repr, keys))} key; each line of data.path must be "
-        '{"prompt": "...", "response": "..."} (or "input"/"output")'
-    )
-
-
-def read_pairs(path: str | Path) -> Iterator[tuple[int, str, str]]:
-    """(line, prompt, response) of every non-blank line; a bad line is an SFTDataError naming
-    the file and the line."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"data.path={str(path)!r} is not a file; data.kind=sft reads a JSONL file of "
-            '{"prompt": ..., "response": ...} lines'
-        )
-    for number, line in numbered_lines(p):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SFTDataError(f"{p}:{number}: not JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise SFTDataError(f"{p}:{number}: a line must be a JSON object")
-        prompt, response = _pick(obj, PROMPT_KEYS, p, number), _pick(obj, RESPONSE_KEYS, p, number)
-        if not response.strip():
-            raise SFTDataError(
-                f"{p}:{number}: the response is empty, so the pair teaches nothing but to stop; "
-                "fill it in or drop the line"
-            )
-        yield number, prompt, response
 
 
 def tokenize_pairs(

@@ -7,7 +7,8 @@ and the missing path:
 - data.tokenizer: a file or folder; data.path: what the data kind's registry entry says it names
   (config/registry.py: for `indexed` each blend prefix's .bin and .idx, object storage left to
   Megatron; for `sft` the JSONL file; for `energon` the prepared folder or metadataset file);
-  checkpoint.load_dir and .pretrained_dir.
+  checkpoint.load_dir and .pretrained_dir. An SFT or chat file is also read through, line by
+  line, as the ranks will read it (data/records.py): a bad line is named here, once.
 - The ranks see these paths as given: locally and with slurm-bare relative to their working
   directory (the profile's `workdir`, else the directory `recipes run` was started in); in a
   container through the profile's mounts, which map them back to the host to look at, except
@@ -39,6 +40,7 @@ from config.registry import data_kind
 from config.rules.pretrained import pretrained_problems
 from config.schema import TrainingConfig
 from config.tree import ConfigError
+from data.records import SFTDataError, read_conversations, read_pairs
 from data.tokenizer import tokenizer_size
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
@@ -96,6 +98,8 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
                 problems += [
                     (p.field, p.message) for p in pretrained_problems(cfg.model, here, given)
                 ]
+            elif field == "data.path" and cfg.data.kind in RECORD_READERS:
+                problems += _records_parse(cfg.data.kind, here)
             continue
         seen = f" (on this machine {here})" if str(here) != given else ""
         hub = (
@@ -116,6 +120,21 @@ def check_inputs(cfg: TrainingConfig, profile: Profile, cwd: Path) -> None:
         problems += _writable(cfg, profile, cwd) + _packages(cfg)
     if problems:
         raise ConfigError(problems)
+
+
+RECORD_READERS = {"sft": read_pairs, "chat": read_conversations}
+
+
+def _records_parse(kind: str, path: Path) -> list[tuple[str, str]]:
+    """data.path of an SFT or chat run read line by line as the ranks will read it: the first bad
+    line (not UTF-8, not JSON, a missing key, an empty answer), or a file with no record at all."""
+    try:
+        count = sum(1 for _ in RECORD_READERS[kind](path))
+    except (SFTDataError, OSError) as err:  # ChatDataError is one; a folder is an OSError
+        return [("data.path", f"{err} (the ranks would fail reading it after start-up)")]
+    if count == 0:
+        return [("data.path", f"{path} holds no {kind} record: it is empty or blank")]
+    return []
 
 
 def _writable(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:

@@ -167,7 +167,7 @@ def test_a_missing_folder_is_refused_before_launch_never_downloaded(tmp_path: Pa
 def test_the_launcher_compares_the_folder_at_its_host_path(tmp_path: Path) -> None:
     """In a container the login node sees the folder through the profile's mounts only."""
     llama_folder(tmp_path / "models" / "m", vocab_size=32000)
-    (tmp_path / "train.jsonl").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
     profile = Profile(executor="slurm", container_image="img.sqsh", mounts=[f"{tmp_path}:/lustre"])
     cfg = sft(
         "checkpoint.pretrained_dir=/lustre/models/m",

@@ -46,7 +46,7 @@ def test_what_each_data_kind_reads() -> None:
 
 def test_local_paths_are_looked_up_from_the_working_directory(tmp_path: Path) -> None:
     (tmp_path / "tok.json").write_text("{}")
-    (tmp_path / "train.jsonl").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
     cfg = cfg_with("data.kind=sft", "data.path=train.jsonl", "data.tokenizer=tok.json")
     assert problems(cfg, LOCAL, tmp_path) == []
     cfg = cfg_with("data.kind=sft", "data.path=trian.jsonl", "data.tokenizer=tok.json")
@@ -113,6 +113,30 @@ def test_local_folders_the_ranks_write_must_be_writable(tmp_path: Path) -> None:
     assert problems(cfg_with(f"logging.run_dir={tmp_path / 'new' / 'run'}"), LOCAL, tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    ("kind", "lines", "words"),
+    [
+        ("sft", ['{"prompt": "a", "response": "b"}', '{"prompt": "a"}'], ":2: no 'response'"),
+        ("sft", ['{"prompt": "a", "response": "b"}', "{oops"], ":2: not JSON"),
+        ("sft", [""], "holds no sft record"),
+        ("chat", ['{"messages": [{"role": "user", "content": "hi"}]}'], ":1: no assistant"),
+        ("chat", ['{"messages": [{"role": "bot", "content": "x"}]}'], "role 'bot' is not one of"),
+    ],
+)
+def test_a_bad_sft_or_chat_line_is_named_before_launch(
+    tmp_path: Path, kind: str, lines: list[str], words: str
+) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    found = dict(problems(cfg_with(f"data.kind={kind}", f"data.path={path}"), LOCAL, tmp_path))
+    assert words in found.get("data.path", ""), found
+    good = '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    path.write_text(good if kind == "chat" else '{"prompt": "q", "response": "a"}')
+    assert "data.path" not in dict(
+        problems(cfg_with(f"data.kind={kind}", f"data.path={path}"), LOCAL, tmp_path)
+    )
+
+
 def test_read_only_data_needs_an_index_cache_dir(tmp_path: Path, monkeypatch) -> None:
     """Megatron writes its index caches beside the data unless data.index_cache_dir moves them."""
     import os
@@ -159,7 +183,7 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
         texts=["a tokenizer of some size"] * 5, vocab_size=300, out=tmp_path / "t.json"
     )
     size = load_tokenizer(tok).vocab_size
-    (tmp_path / "train.jsonl").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
     sft = ("data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={tok}")
     [(field, message)] = problems(cfg_with(*sft, f"model.vocab_size={size - 1}"), LOCAL, tmp_path)
     assert field == "data.tokenizer"
