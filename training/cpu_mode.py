@@ -19,14 +19,25 @@ on GPUs):
    '.cuda' the checks expect, and `.cuda()` leaves them where they are (`_as_if_on_cuda`).
    A new call site of this kind (a checkpoint path, say) is one more line in `enable()`.
 
-What still needs a GPU (see config/rules/ `_cpu`): sequence parallel, context parallel,
-the alltoall MoE dispatcher and FP8. Measured here: TP, PP (with virtual stages), DP with the
-distributed optimizer and EP with the allgather dispatcher train over gloo.
+4. Sequence parallel: Megatron-Core's torch norms (`WrappedTorchNorm`, the local spec's norm
+   without apex) refuse it, since a norm on a sequence shard gets a partial weight gradient that
+   must be summed over the TP group. On the CPU they are built the way apex's and TE's norms are
+   on GPUs: the same torch norm, its parameters marked `sequence_parallel`, which
+   `finalize_model_grads` all-reduces over the TP group (`_sequence_parallel_norm`). The SP
+   collectives themselves (all_gather_into_tensor, reduce_scatter_tensor, sync and async, FP32
+   and BF16) are gloo's own (measured with torch 2.14): Megatron-Core's SP code path runs as is.
+   tests/smoke/test_sp_cpu.py holds it to TP without SP.
+
+What still needs a GPU (see config/rules/precision.py `cpu`; `--shrink` replaces them, see
+recipes/shrink.py `cpu_substitutes`): context parallel, the alltoall and flex MoE dispatchers and
+FP8/FP4. Measured here: TP with and without SP, PP (with virtual stages), DP with the distributed
+optimizer and EP with the allgather dispatcher train over gloo.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import types
@@ -253,6 +264,23 @@ def _as_if_on_cuda(fn: Callable) -> Callable:
     return wrapper
 
 
+def _sequence_parallel_norm(real_new: Callable) -> Callable:
+    """WrappedTorchNorm.__new__ that accepts sequence parallel, as apex's and TE's norms do."""
+
+    @functools.wraps(real_new)
+    def new(cls: type, config: Any, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        if not config.sequence_parallel:
+            return real_new(cls, config, *args, **kwargs)
+        unsharded = copy.copy(config)
+        unsharded.sequence_parallel = False  # only the assertion reads it
+        norm = real_new(cls, unsharded, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True  # summed over the TP group by finalize_model_grads
+        return norm
+
+    return new
+
+
 _enabled = False
 
 
@@ -296,4 +324,8 @@ def enable() -> None:
         (grad_scaler.DynamicGradScaler, "load_state_dict"),  # FP16 loss scale: .cuda(device)
     ):
         setattr(owner, attr, _as_if_on_cuda(getattr(owner, attr)))
+    # 4. Sequence parallel through the torch norms.
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    WrappedTorchNorm.__new__ = staticmethod(_sequence_parallel_norm(WrappedTorchNorm.__new__))
     _enabled = True

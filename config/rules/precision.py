@@ -70,15 +70,22 @@ def _bf16_ends(cfg: TrainingConfig, preset: PrecisionPreset) -> list[Problem]:
 
 
 def cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    """What the CPU smoke mode cannot run (Megatron-Core needs CUDA for these)."""
+    """What the CPU smoke mode cannot run (Megatron-Core needs CUDA or Transformer Engine for
+    these); `recipes run --shrink` replaces each with what the CPU runs (recipes/shrink.py)."""
     if cluster.gpu != "cpu" and cfg.train.device != "cpu":
         return []
     par, out = cfg.parallel, []
-    why = "needs a GPU; the CPU smoke mode runs TP, PP (with virtual stages), DP and EP over gloo"
+    why = (
+        "needs a GPU; the CPU smoke mode runs TP (with or without SP), PP (with virtual stages), "
+        "DP and EP over gloo"
+    )
     if par.context_parallel_size > 1:
-        out.append(Problem("parallel.context_parallel_size", f"context parallel {why}"))
-    if par.sequence_parallel:
-        out.append(Problem("parallel.sequence_parallel", f"sequence parallel {why}"))
+        out.append(
+            Problem(
+                "parallel.context_parallel_size",
+                f"context parallel (Transformer Engine's attention) {why}; use 1",
+            )
+        )
     if cfg.model.num_moe_experts and cfg.model.moe_token_dispatcher_type != "allgather":
         out.append(
             Problem(
@@ -87,5 +94,11 @@ def cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
             )
         )
     if d.preset is not None and d.preset.fp8_recipe is not None:
-        out.append(Problem("precision", f"{cfg.precision} {why}; use bf16_mixed"))
+        out.append(
+            Problem(
+                "precision",
+                f"{cfg.precision} (Transformer Engine's FP8/FP4 GEMMs) {why}; "
+                f"use {d.preset.params_dtype}_mixed",
+            )
+        )
     return out
