@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -131,6 +132,21 @@ def test_progress_bar_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "5/10" in term.getvalue() and "loss=2.0000" in term.getvalue()
 
 
+def test_progress_without_a_terminal_is_a_meter_in_each_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Under `recipes run` (a pipe) or in a Slurm log each line carries the bar and the ETA."""
+    with MetricsLogger(tmp_path, _cfg(progress_bar=True), is_writer=True) as logger:
+        for step in (3, 4, 5):  # a resumed run: the meter counts from its checkpoint
+            logger.on_step(step, _step_metrics(step))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    assert lines[0].startswith("step 3/10 [") and " 30% 00:00<? | loss" in lines[0]
+    assert re.search(r"^step 5/10 \[.*\]  50% 00:00<00:00 \| loss 2\.0000", lines[2]), lines[2]
+    with MetricsLogger(tmp_path / "plain", _cfg(progress_bar=False), is_writer=True) as logger:
+        logger.on_step(1, _step_metrics(1))
+    assert capsys.readouterr().out.startswith("step 1/10 | loss 10.0000")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
 def test_wandb_missing_gives_clear_error(tmp_path: Path) -> None:
     cfg = _cfg(wandb_project="my-project", wandb_mode="offline")
@@ -188,6 +204,6 @@ def test_summary_at_the_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
         for step in range(1, 6):
             logger.on_step(step, {**_step_metrics(step), "step_time_s": 0.5})
     out = capsys.readouterr().out
-    assert "summary: steps 1-5 of 10, 320 tokens in 0.0 min of steps" in out
+    assert "summary: steps 1-5 of 10, 320 tokens in 2.5 s of steps" in out
     assert "loss 10.0000 -> 2.0000 (best 2.0000 at step 5)" in out
     assert f"metrics and plot {tmp_path / 'training.png'}" in out

@@ -3,8 +3,10 @@
 Only the writer rank (global rank 0 in practice) logs; on every other rank each call is a no-op,
 so the engine can call `on_step` everywhere. What a step costs is decided by the engine: it calls
 `on_step` as often as it has numbers (every `logging.log_interval` steps, typically), and every call
-becomes one line of metrics.jsonl, one point in TensorBoard and W&B. A console line is printed every
-`logging.log_interval` steps when no progress bar is shown (batch jobs: stderr is not a terminal).
+becomes one line of metrics.jsonl, one point in TensorBoard and W&B. On a terminal
+`logging.progress_bar` draws a tqdm bar; elsewhere (under `recipes run`, whose ranks write into a
+pipe, and in batch jobs) a console line is printed every `logging.log_interval` steps, carrying the
+bar, percentage and ETA as text when `logging.progress_bar` is on.
 
 TensorBoard, W&B, tqdm and matplotlib are imported only when used: a rank that does not write never
 pays for them.
@@ -69,6 +71,7 @@ class MetricsLogger:
             self._tb = self._tensorboard(purge_step=None)
         # A bar only on a terminal: in Slurm logs its carriage returns make one endless line.
         self._use_bar = log.progress_bar and sys.stderr.isatty()
+        self._meter_start: tuple[float, int] | None = None  # (time, step before it) of the meter
 
     def _init_wandb(self) -> Any:
         log = self.cfg.logging
@@ -158,7 +161,10 @@ class MetricsLogger:
         if self._use_bar:
             self._update_bar(step, present)
         elif step % max(1, self.cfg.logging.log_interval) == 0:
-            print(self._console_line(step, present), flush=True)
+            line = self._console_line(step, present)
+            if self.cfg.logging.progress_bar:
+                line = line.replace(" | ", f" {self._meter(step)} | ", 1)
+            print(line, flush=True)
 
     def _console_line(self, step: int, v: dict[str, float | int]) -> str:
         parts = [f"step {step}/{self.cfg.train.max_steps}"]
@@ -173,6 +179,25 @@ class MetricsLogger:
         }
         parts += [fmt.format(v[k]) for k, fmt in formats.items() if k in v]
         return " | ".join(parts)
+
+    def _meter(self, step: int) -> str:
+        """tqdm's bar, percentage, elapsed time and ETA as text, for a log without a terminal
+        (under `recipes run` the ranks' output is piped, and in a Slurm log carriage returns make
+        one endless line): each console line carries its own bar."""
+        from tqdm import tqdm
+
+        now = time.monotonic()
+        if self._meter_start is None:  # this process's first step: a resumed run starts here
+            self._meter_start = (now, step - 1)
+        start, first = self._meter_start
+        return tqdm.format_meter(
+            step,
+            self.cfg.train.max_steps,
+            now - start,
+            initial=first,
+            unit="step",
+            bar_format="[{bar:12}] {percentage:3.0f}% {elapsed}<{remaining}",
+        )
 
     def _update_bar(self, step: int, v: dict[str, float | int]) -> None:
         if self._bar is None:
@@ -234,7 +259,7 @@ def summary(rows: list[dict[str, Any]], cfg: TrainingConfig, run_dir: Path) -> s
     tokens = len(rows) * cfg.train.global_batch_size * cfg.model.seq_length
     lines = [
         f"summary: steps {first['step']}-{last['step']} of {cfg.train.max_steps}, "
-        f"{tokens:,} tokens in {seconds / 60:.1f} min of steps"
+        f"{tokens:,} tokens in {_duration(seconds)} of steps"
     ]
     if losses:
         best, at = min(losses)
@@ -247,6 +272,13 @@ def summary(rows: list[dict[str, Any]], cfg: TrainingConfig, run_dir: Path) -> s
     save_dir = Path(cfg.checkpoint.save_dir) if cfg.checkpoint.save_dir else run_dir / "checkpoints"
     lines.append(f"  checkpoints {save_dir}; metrics and plot {run_dir / PLOT_FILE}")
     return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4.5 min or 2.1 h: as precise as a reader needs."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _step_of(line: str) -> int:
