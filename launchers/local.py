@@ -2,12 +2,16 @@
 
 The ranks run `python -m training.entry --config <run dir>/config.yaml` as a NeMo-Run
 `run.Script(..., m=True)` under NeMo-Run's torchrun launcher; they never import NeMo-Run. NeMo-Run
-keeps its experiment record (logs, status, `nemo experiment logs`) under NEMORUN_HOME, which
-defaults to <run dir>/nemo_run so that a run's files stay together.
+keeps its experiment record (logs, status) under NEMORUN_HOME, which defaults to <run dir>/nemo_run
+so that a run's files stay together. `nemo experiment status|logs|cancel <id>` looks in the
+NEMORUN_HOME of its own shell (~/.nemo_run unless exported), so the commands printed after a run
+carry `NEMORUN_HOME=<that folder>` whenever it differs; <run dir>/launch.json keeps the experiment
+id, that folder and the run's final state for `recipes runs`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -174,26 +178,68 @@ def _send(processes: list[Any], signum: int) -> None:
             pass
 
 
-def run_local(executor: Any, script: Any, name: str, home: Path) -> int:
+LAUNCH_RECORD = "launch.json"  # in the run directory: how the run was launched, and how it ended
+
+
+def write_record(run_dir: Path, **fields: Any) -> None:
+    """Merge `fields` into <run dir>/launch.json (read by `recipes runs`)."""
+    path = run_dir / LAUNCH_RECORD
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    record.update(fields)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def experiment_commands(exp_id: str, home: Path, user_env: Mapping[str, str]) -> list[str]:
+    """`nemo experiment status|logs|cancel` for this run, as they work from this shell: with
+    NEMORUN_HOME set in front unless the shell's own NEMORUN_HOME (or NeMo-Run's default) is it."""
+    default = Path(user_env.get("NEMORUN_HOME") or "~/.nemo_run").expanduser()
+    prefix = (
+        "" if default.resolve() == home.resolve() else f"NEMORUN_HOME={shlex.quote(str(home))} "
+    )
+    return [
+        f"{prefix}nemo experiment {verb} {exp_id}{' 0' if verb != 'status' else ''}"
+        for verb in ("status", "logs", "cancel")
+    ]
+
+
+def run_local(executor: Any, script: Any, name: str, home: Path, run_dir: Path) -> int:
     """Run in the foreground, streaming the ranks' output; 0 when every rank succeeded, 130 when a
-    Ctrl-C (or SIGTERM, hangup) stopped it, 1 when a rank failed."""
+    Ctrl-C (or SIGTERM, hangup) stopped it, 1 when a rank failed. The experiment's id, NEMORUN_HOME
+    and final state go to <run dir>/launch.json."""
     import nemo_run as run
     from nemo_run.config import set_nemorun_home
 
     set_nemorun_home(str(home))
     with Forwarder() as forwarder:
-        with run.Experiment(name, executor=executor, log_level="WARN") as exp:
+        # NeMo-Run's own goodbye lines name `nemo experiment ...` without NEMORUN_HOME: ours below.
+        with run.Experiment(
+            name, executor=executor, log_level="WARN", enable_goodbye_message=False
+        ) as exp:
             exp.add(script, name="train")
+            write_record(
+                run_dir,
+                executor="local",
+                experiment_id=exp._id,
+                nemorun_home=str(home),
+                state="RUNNING",
+            )
             exp.run(sequential=True, tail_logs=True)
         status = exp.status(return_dict=True) or {}
         if forwarder.count:  # a second Ctrl-C meanwhile still kills at once
             forwarder.wait()
     state = str(status.get("train", {}).get("status", "UNKNOWN"))
+    code = 0 if state.startswith("SUCCEEDED") else 1
+    if forwarder.count:
+        state, code = "INTERRUPTED", EXIT_INTERRUPTED
+    write_record(run_dir, state=state.removeprefix("AppState."), exit_code=code)
+    print(
+        "NeMo-Run's records of this run:",
+        *experiment_commands(exp._id, home, os.environ),
+        sep="\n  ",
+    )
     if forwarder.count:
         saved = "after its checkpoint" if forwarder.count == 1 else "without a checkpoint"
         print(f"training stopped by a signal, {saved}; the same command resumes", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if not state.startswith("SUCCEEDED"):
+    elif code:
         print(f"training ended {state}; logs: {home}/experiments/{name}", file=sys.stderr)
-        return 1
-    return 0
+    return code

@@ -27,7 +27,38 @@ from launchers.profile import Profile, load_profile, replace
 from launchers.resume import check_resume
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.registry import Recipe, get
-from recipes.shrink import fit_to_world, shrink, use_cpu_collectives
+from recipes.shrink import cpu_substitutes, fit_to_world, shrink
+
+
+class Refused(Exception):
+    """The checker refused the config before launch: `text` is what `recipes check` prints."""
+
+    def __init__(self, text: str, exit_code: int) -> None:
+        super().__init__(text)
+        self.text = text
+        self.exit_code = exit_code
+
+
+def prepare(
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, cwd: Path | None = None
+) -> Path:
+    """The pre-launch steps every launch path shares (`recipes run`, the NeMo-Run plugin and the
+    `nemo recipes` entry point in recipes/nemo.py), in order; returns the run directory.
+
+    The checker (Refused: 2 when invalid, 3 when predicted not to fit, except on the CPU); the
+    input files where the ranks will look (launchers/inputs.py); the run directory (a new
+    runs/<recipe>-<UTC time> unless logging.run_dir); whether a checkpoint there can be resumed with
+    this config (launchers/resume.py), before any config.yaml is written. ConfigError names the
+    field of anything else.
+    """
+    report = check(cfg, cluster)
+    on_cpu = cfg.train.device == "cpu"
+    if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
+        raise Refused(render(report), report.exit_code)
+    check_inputs(cfg, profile, cwd or Path.cwd())  # data, tokenizer, checkpoints: before the queue
+    run_dir = run_dir_for(cfg, profile)
+    check_resume(cfg, run_dir)  # before config.yaml is written: a refused resume leaves it
+    return run_dir
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -39,22 +70,36 @@ def run_command(args: argparse.Namespace) -> int:
         cfg.train.device = "cuda"
     elif cluster.gpu == "cpu":
         cfg.train.device = "cpu"  # the CPU smoke mode: gloo, no FP8, no memory limit to check
-    on_cpu = cfg.train.device == "cpu"
     if args.shrink:
         cfg = shrink(cfg)
-        if on_cpu:
-            for change in fit_to_world(cfg, cluster.world_size) + use_cpu_collectives(cfg):
+        if cfg.train.device == "cpu":
+            for change in cpu_substitutes(cfg) + fit_to_world(cfg, cluster.world_size):
                 print(f"shrink: {change}")
     # The user's overrides come last: they win over what --shrink chose (train.max_steps=20).
     apply_overrides(cfg, args.overrides)
-    report = check(cfg, cluster)
-    if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
-        print(render(report))
-        return report.exit_code
-    check_inputs(cfg, profile, Path.cwd())  # data, tokenizer, checkpoints: before the queue
     if profile.executor == "local":
-        return _run_local(cfg, cluster, profile, args)
-    return _run_slurm(cfg, cluster, profile, args)
+        check_local(cluster.num_nodes, args.chain)
+    try:
+        run_dir = prepare(cfg, cluster, profile)
+    except Refused as refused:
+        print(refused.text)
+        return refused.exit_code
+    if profile.executor == "local":
+        return _run_local(cfg, cluster, profile, run_dir, args)
+    return _run_slurm(cfg, cluster, profile, run_dir, args)
+
+
+def check_local(nodes: int, chain: int = 1) -> None:
+    """The local executor runs one node and one job."""
+    if nodes > 1 or chain > 1:
+        raise ConfigError(
+            [
+                (
+                    "--executor",
+                    "local runs one node and one job; use a Slurm executor for --nodes > 1 or --chain",
+                )
+            ]
+        )
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -99,7 +144,7 @@ def _cluster(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Clus
     )
 
 
-def _run_dir(cfg: TrainingConfig, profile: Profile) -> Path:
+def run_dir_for(cfg: TrainingConfig, profile: Profile) -> Path:
     """logging.run_dir, or <run_root or ./runs>/<recipe>-<UTC time> (a new one), as an absolute path."""
     if cfg.logging.run_dir:
         return Path(os.path.abspath(os.path.expanduser(cfg.logging.run_dir)))
@@ -111,7 +156,7 @@ def _run_dir(cfg: TrainingConfig, profile: Profile) -> Path:
     return path
 
 
-def _describe_env(plan: EnvPlan) -> str:
+def describe_env(plan: EnvPlan) -> str:
     defaults = ", ".join(
         f"{v.name}={v.value} ({v.owner})" for v in plan.defaults if v.name not in plan.user_wins
     )
@@ -124,21 +169,10 @@ def _describe_env(plan: EnvPlan) -> str:
 
 
 def _run_local(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, args: argparse.Namespace
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, run_dir: Path, args: argparse.Namespace
 ) -> int:
     from launchers import local
 
-    if cluster.num_nodes > 1 or args.chain > 1:
-        raise ConfigError(
-            [
-                (
-                    "--executor",
-                    "local runs one node and one job; use a Slurm executor for --nodes > 1 or --chain",
-                )
-            ]
-        )
-    run_dir = _run_dir(cfg, profile)
-    check_resume(cfg, run_dir)  # before config.yaml is written: a refused resume leaves it
     cfg.logging.run_dir = str(run_dir)
     plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
     executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
@@ -151,20 +185,18 @@ def _run_local(
         return 0
     home = local.nemorun_home(run_dir, os.environ)
     write_yaml(cfg, run_dir / "config.yaml")
-    print(_describe_env(plan), flush=True)
-    code = local.run_local(executor, script, cfg.name, home)
+    print(describe_env(plan), flush=True)
+    code = local.run_local(executor, script, cfg.name, home, run_dir)
     print(f"run directory: {run_dir}")
     return code
 
 
 def _run_slurm(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, args: argparse.Namespace
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, run_dir: Path, args: argparse.Namespace
 ) -> int:
     from launchers import sbatch
     from launchers.slurm import slurm_job
 
-    run_dir = _run_dir(cfg, profile)
-    check_resume(cfg, run_dir)  # before the queue, and before config.yaml is written
     ranks_cfg, job = slurm_job(
         cfg,
         profile,
@@ -186,7 +218,7 @@ def _run_slurm(
         return 0
     write_yaml(ranks_cfg, run_dir / "config.yaml")
     script = sbatch.write(job)
-    print(_describe_env(job.env))
+    print(describe_env(job.env))
     try:
         ids = sbatch.submit(script, chain=args.chain)
     except (OSError, RuntimeError) as err:

@@ -1,34 +1,74 @@
-"""Where the fast path meets NeMo-Run: a recipe as a `run.Partial` of the training entry point.
+"""Where the fast path meets NeMo-Run: a recipe as a `run.Partial` of the training entry point,
+checked before launch on every NeMo-Run path.
 
 The catalog builds plain `TrainingConfig` dataclasses (no torch, no NeMo-Run: `list`, `show` and
 `check` answer in well under a second). This module mirrors that same tree, node by node, as
-`run.Config` objects under `run.Partial(training.entry.pretrain, config=...)`, so that every recipe
-also works with `run.run`, `run.Experiment` and NeMo-Run's CLI factories; `from_partial` builds it
-back. Nothing else converts between the two worlds.
+`run.Config` objects under `run.Partial(training.entry.pretrain, config=...)`; `from_partial` builds
+it back. Nothing else converts between the two worlds.
 
-    import nemo_run as run
-    from recipes.nemo import partial
-    task = partial("llama3_8b_pretrain")
-    task.config.parallel.tensor_model_parallel_size = 2
-    run.run(task, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))
+What `recipes run` does before launching (recipes/launch.py `prepare`: the checker, the input
+files, the run directory, the resume check, the environment plan) is the `Checks` plugin here, so
+that `run.run` and `run.Experiment` refuse an invalid config with the same message, naming the
+field, before anything starts. `run` and `Experiment` below attach it by default; `executor` builds
+the executor `recipes run` would use from a cluster profile:
+
+    import nemo_run as nr
+    import recipes.nemo as rn
+
+    if __name__ == "__main__":  # every rank imports this script again: launch only from the top
+        task = rn.partial("tiny_gpt_pretrain", ["train.max_steps=20"])
+        rn.run(task, executor=rn.executor(gpus_per_node=2, device="cpu"))
+
+`nemo recipes pretrain --factory RECIPE [OVERRIDES...]` is the same through NeMo-Run's own CLI
+(recipes/nemo_cli.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import nemo_run as run
+import nemo_run as nr
 
+from config.hardware import Cluster
 from config.schema import TrainingConfig
+from config.tree import ConfigError, apply_overrides
+from launchers.env import plan_env
+from launchers.mounts import parse_mounts
+from launchers.profile import Profile, load_profile, replace
 from recipes.registry import all_recipes, get
 from training.entry import pretrain
+
+
+def _resolve_annotations(fn: Any) -> None:
+    """NeMo-Run's help reads a function's annotations as types; `from __future__ import
+    annotations` leaves them strings, and `run.cli.main(pretrain) --help` crashed in
+    nemo_run/help.py. A name imported only for type checkers (it would import torch) becomes Any."""
+    for name, annotation in list(fn.__annotations__.items()):
+        if isinstance(annotation, str):
+            try:
+                fn.__annotations__[name] = eval(annotation, fn.__globals__)  # noqa: S307
+            except NameError:
+                fn.__annotations__[name] = Any
+
+
+_resolve_annotations(pretrain)  # once, where NeMo-Run meets the entry point
+
+# What an executor built by `executor()` remembers for the Checks plugin, in its env_vars (the one
+# place NeMo-Run keeps through clone and serialization; the ranks see them too, harmlessly).
+PROFILE_VAR = "RECIPES_PROFILE"  # the cluster profile's absolute path
+DEVICE_VAR = "RECIPES_DEVICE"  # cpu | cuda: what train.device becomes
 
 
 def to_config(node: Any) -> Any:
     """The `run.Config` mirror of a config dataclass tree (other values pass through)."""
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return run.Config(
+        return nr.Config(
             type(node),
             **{f.name: to_config(getattr(node, f.name)) for f in dataclasses.fields(node)},
         )
@@ -37,29 +77,393 @@ def to_config(node: Any) -> Any:
     return node
 
 
-def partial(recipe: str | TrainingConfig) -> run.Partial:
-    """`run.Partial(pretrain, config=...)` of a catalog recipe name or a built config."""
+def partial(recipe: str | TrainingConfig, overrides: list[str] | None = None) -> nr.Partial:
+    """`run.Partial(pretrain, config=...)` of a catalog recipe name (a typo gets the closest name)
+    or a built config, with dotlist overrides applied by our parser (a typo gets the closest field)."""
     cfg = get(recipe).config() if isinstance(recipe, str) else recipe
-    return run.Partial(pretrain, config=to_config(cfg))
+    return nr.Partial(pretrain, config=to_config(apply_overrides(cfg, overrides or [])))
 
 
-def from_partial(task: run.Partial) -> TrainingConfig:
+def from_partial(task: nr.Partial) -> TrainingConfig:
     """Build the `TrainingConfig` that a (possibly edited) partial would pass to the entry point."""
     import fiddle as fdl
 
     return fdl.build(task).keywords["config"]
 
 
+def is_recipe(task: Any) -> bool:
+    """A `run.Partial` of the training entry point (what `partial` returns)."""
+    return isinstance(task, nr.Partial) and task.__fn_or_cls__ is pretrain
+
+
+# --- executors from a cluster profile -------------------------------------------------------------
+
+
+def load(profile: str | Path | None) -> tuple[Profile, str | None]:
+    """A profile and its absolute path: a TOML path, or None / "local" for this machine."""
+    if profile is None or str(profile) == "local":
+        return Profile(executor="local"), None
+    path = os.path.abspath(os.path.expanduser(str(profile)))
+    if shlex.quote(path) != path:  # NeMo-Run writes env_vars into its sbatch script unquoted
+        raise ConfigError(
+            [
+                (
+                    "--cluster",
+                    f"{path!r}: keep a profile at a path without spaces or shell characters",
+                )
+            ]
+        )
+    return load_profile(path), path
+
+
+def executor(
+    profile: str | Path | None = None,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: str | None = None,
+) -> nr.Executor:
+    """The NeMo-Run executor `recipes run --cluster PROFILE` would launch with.
+
+    `profile`: None or "local" (this machine: LocalExecutor + torchrun), or a cluster profile TOML
+    (launchers/profiles/): slurm (pyxis), slurm-apptainer (srun runs `apptainer exec`), slurm-bare
+    (the profile's venv activated on every node), all NeMo-Run SlurmExecutors. Sizes come from the
+    arguments, then the profile; `device="cpu"` runs the CPU smoke mode (gloo, no GPUs asked for).
+    Launch with `recipes.nemo.run` (or pass `plugins=[Checks()]`), which checks the recipe first.
+    """
+    prof, path = load(profile)
+    if device not in (None, "cpu", "cuda"):
+        raise ConfigError([("device", f"{device!r}: choose 'cpu' or 'cuda'")])
+    nodes = nodes if nodes is not None else prof.nodes or 1
+    per_node = gpus_per_node if gpus_per_node is not None else prof.gpus_per_node
+    if per_node is None or per_node < 1 or nodes < 1:
+        raise ConfigError(
+            [
+                (
+                    "gpus_per_node",
+                    f"nodes={nodes}, gpus_per_node={per_node}: give at least one process per node, e.g. executor(gpus_per_node=8), or set gpus_per_node in the profile",
+                )
+            ]
+        )
+    remembered = {PROFILE_VAR: path} if path else {}
+    remembered |= {DEVICE_VAR: device} if device else {}
+    if prof.executor == "local":
+        from recipes.launch import check_local
+
+        check_local(nodes)
+        path_var = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = {"PATH": path_var, **remembered}  # torchrun and python from this venv
+        return nr.LocalExecutor(ntasks_per_node=per_node, launcher="torchrun", env_vars=env)
+    return _slurm_executor(prof, nodes, per_node, device or "cuda", remembered)
+
+
+def _slurm_executor(
+    p: Profile, nodes: int, per_node: int, device: str, env: dict[str, str]
+) -> nr.SlurmExecutor:
+    """A SlurmExecutor for one of the three kinds (launchers/slurm.py renders the same jobs)."""
+    mounts = [str(m) for m in parse_mounts(p.mounts)]
+    srun_args = ["--cpu-bind=none"]
+    setup = list(p.setup)
+    image, container_mounts = None, []
+    if p.executor == "slurm":  # pyxis: NeMo-Run's own container flags
+        image, container_mounts = p.container_image, mounts
+        srun_args += ["--no-container-mount-home", "--container-writable"]
+        srun_args += [f"--mpi={p.mpi}"] if p.mpi else []
+        srun_args += [f"--container-workdir={p.workdir}"] if p.workdir else []
+    elif p.executor == "slurm-apptainer":  # srun's command runs inside `apptainer exec`
+        srun_args += ["apptainer", "exec"] + (["--nv"] if device != "cpu" else []) + ["--no-home"]
+        srun_args += ["--bind", ",".join(mounts)] if mounts else []
+        srun_args += ["--pwd", p.workdir] if p.workdir else []
+        srun_args += [p.container_image or ""]
+    else:  # slurm-bare: the venv on a shared filesystem
+        setup += [f"source {shlex.quote(str(p.venv))}/bin/activate"]
+        setup += [f"cd {shlex.quote(p.workdir)}"] if p.workdir else []
+    return nr.SlurmExecutor(
+        account=p.account or "",
+        partition=p.partition,
+        qos=p.qos,
+        constraint=p.constraint,
+        time=p.time,
+        nodes=nodes,
+        ntasks_per_node=per_node,
+        gpus_per_node=per_node if device != "cpu" else None,
+        cpus_per_task=p.cpus_per_task,
+        mem=p.mem,
+        exclusive=p.exclusive or None,
+        container_image=image,
+        container_mounts=container_mounts,
+        env_vars=dict(env),
+        srun_args=srun_args,
+        setup_lines="\n".join(setup) or None,
+        # No --signal: torchrun would die of USR1; train.exit_duration_minutes (set from the
+        # profile's time by the Checks plugin) stops the run before the wall time instead.
+        tunnel=nr.LocalTunnel(job_dir=p.job_dir or os.path.abspath(p.run_root or "runs")),
+        packager=nr.Packager(),  # the code is in the image or the venv, not copied per job
+        launcher="torchrun",
+    )
+
+
+# --- the checks, as a NeMo-Run plugin --------------------------------------------------------------
+
+
+def profile_of(executor: nr.Executor) -> Profile | None:
+    """The profile an executor was built from, or the one it amounts to; None for executors
+    `recipes run` has no launcher for (their input paths are not checked here)."""
+    path = executor.env_vars.get(PROFILE_VAR)
+    if isinstance(executor, nr.LocalExecutor):
+        return load(path)[0] if path else Profile(executor="local")
+    if not isinstance(executor, nr.SlurmExecutor):
+        return None
+    if path:
+        return load(path)[0]
+    if executor.container_image:  # a SlurmExecutor of the user's own: pyxis
+        return Profile(
+            executor="slurm",
+            time=executor.time,
+            container_image=executor.container_image,
+            mounts=list(executor.container_mounts),
+        )
+    return Profile(executor="slurm-bare", time=executor.time, venv=sys.prefix)
+
+
+def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> Cluster:
+    """Nodes and processes from the executor; the GPU kind from `gpu`, else the profile's, else the
+    recipe's published one; the CPU when train.device is cpu."""
+    nodes = getattr(executor, "nodes", 1)
+    per_node = getattr(executor, "ntasks_per_node", 1)
+    if cfg.train.device == "cpu":
+        return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
+    profile = profile_of(executor)
+    published = all_recipes().get(cfg.name)
+    kind = gpu or (profile.gpu if profile else None) or (published and published.cluster.gpu)
+    if not kind or kind == "cpu":
+        raise ConfigError(
+            [
+                (
+                    "gpu",
+                    f"{cfg.name!r} names no GPU kind to check against: pass Checks(gpu='h100') (a100, h100, h200, b200, gb200), or train.device=cpu",
+                )
+            ]
+        )
+    return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
+
+
+@dataclass(kw_only=True)
+class Checks(nr.Plugin):
+    """What `recipes run` does before a launch, for a recipe's `run.Partial` on any executor.
+
+    Refuses (raises, before anything starts) a config the checker finds invalid or predicts not
+    to fit, and input files the ranks would not find, naming the field; a run directory whose
+    checkpoint cannot be resumed with this config. Then completes the task as `recipes run` would:
+    logging.run_dir (runs/<recipe>-<UTC time> unless set), the environment plan's defaults in the
+    executor's env_vars (yours win), and for Slurm the container paths and the stop before the wall
+    time. Tasks that are not a recipe's partial pass untouched.
+    """
+
+    gpu: str | None = None  # GPU kind to check against; default: the profile's, else the recipe's
+
+    def setup(self, task: Any, executor: nr.Executor) -> None:
+        if not is_recipe(task):
+            return
+        from recipes.launch import check_local, prepare
+
+        cfg = from_partial(task)
+        device = executor.env_vars.get(DEVICE_VAR)
+        if device:
+            cfg.train.device = device
+        cluster = cluster_of(cfg, executor, self.gpu)
+        profile = profile_of(executor)
+        if profile is None:  # no launcher of ours: the checker only
+            from recipes.check import check, render
+
+            report = check(cfg, cluster)
+            if not report.valid:
+                raise ConfigError([(p.field, p.message) for p in report.problems]) from None
+            print(render(report).splitlines()[0])
+            return
+        if profile.executor == "local":
+            check_local(cluster.num_nodes)
+            profile = replace(profile, executor="local")
+        run_dir = prepare(cfg, cluster, profile)
+        if profile.executor == "local":
+            cfg.logging.run_dir = str(run_dir)
+            plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
+            names = plan.process_env(os.environ)
+        else:
+            from launchers.slurm import slurm_job
+
+            cfg, job = slurm_job(
+                cfg,
+                profile,
+                nodes=cluster.num_nodes,
+                procs_per_node=cluster.gpus_per_node,
+                run_dir=str(run_dir),
+                user_env=os.environ,
+            )
+            names = {v.name: v.value for v in job.env.defaults}
+            if executor.container_image and job.env.names:
+                executor.container_env = sorted(
+                    set(executor.container_env or []) | set(job.env.names)
+                )
+        executor.env_vars = {**names, **executor.env_vars}  # what the executor sets wins
+        task.config = to_config(cfg)
+        print(
+            f"recipes: {cfg.name} checked on {cluster.world_size} x {cluster.gpu}; run directory: {run_dir}"
+        )
+
+
+def with_checks(plugins: nr.Plugin | list[nr.Plugin] | None) -> list[nr.Plugin]:
+    """`plugins` with a Checks plugin in front unless one is there already."""
+    plugins = [plugins] if isinstance(plugins, nr.Plugin) else list(plugins or [])
+    return plugins if any(isinstance(p, Checks) for p in plugins) else [Checks(), *plugins]
+
+
+def run(
+    task: nr.Partial | str,
+    executor: nr.Executor | None = None,
+    *,
+    plugins: nr.Plugin | list[nr.Plugin] | None = None,
+    **kwargs: Any,
+) -> None:
+    """`nemo_run.run` with the Checks plugin attached (a recipe name is `partial(name)`); without an
+    executor, the local one sized by the recipe's published run (`executor(gpus_per_node=...)`).
+    Other keyword arguments (name, dryrun, detach, tail_logs, ...) go to `nemo_run.run`."""
+    if isinstance(task, str):
+        task = partial(task)
+    executor = executor or _default_executor(task)
+    kwargs.setdefault("name", from_partial(task).name)  # the experiment's title and id
+    nr.run(task, executor=executor, plugins=with_checks(plugins), **kwargs)
+
+
+def _default_executor(task: nr.Partial) -> nr.Executor:
+    cfg = from_partial(task)
+    recipe = all_recipes().get(cfg.name)
+    per_node = recipe.cluster.gpus_per_node if recipe else 1
+    if cfg.train.device == "cpu" or (recipe and recipe.cluster.gpu == "cpu"):
+        return executor(gpus_per_node=per_node, device="cpu")
+    return executor(gpus_per_node=per_node)
+
+
+class Experiment(nr.Experiment):
+    """`run.Experiment` whose `add` attaches the Checks plugin to every recipe partial."""
+
+    def add(
+        self, task: Any, executor: Any = None, name: str = "", plugins: Any = None, **kw: Any
+    ) -> str:
+        tasks = task if isinstance(task, list) else [task]
+        if any(is_recipe(t) for t in tasks):
+            plugins = with_checks(plugins)
+        return super().add(task, executor=executor, name=name, plugins=plugins, **kw)
+
+
 def register_factories() -> None:
-    """Expose every catalog recipe as a NeMo-Run CLI factory of the entry point (`nemo llm ...`-style)."""
+    """Expose every catalog recipe as a NeMo-Run CLI factory of the entry point's `config`."""
     for name in all_recipes():
-        factory = _factory(name)
-        run.cli.factory(target=pretrain, target_arg="config", name=name)(factory)
+        nr.cli.factory(target=pretrain, target_arg="config", name=name)(_factory(name))
 
 
 def _factory(name: str):
-    def build() -> run.Config[TrainingConfig]:
+    def build() -> nr.Config[TrainingConfig]:
         return to_config(get(name).config())
 
     build.__name__ = name
     return build
+
+
+# --- `nemo recipes pretrain`: the entry point NeMo-Run's CLI finds (pyproject: nemo_run.cli) ----
+
+EXECUTOR_KEYS = (
+    "nodes",
+    "gpus_per_node",
+    "device",
+    "gpu",
+)  # executor.<key>=value on the command line
+
+
+def cli_task(factory: str | None, args: list[str]) -> tuple[nr.Partial, nr.Executor, Checks]:
+    """The task, executor and checks of `nemo recipes pretrain --factory RECIPE [ARGS...]`.
+
+    ARGS: dotlist overrides (`parallel.tensor_model_parallel_size=2`, or NeMo-Run's
+    `config.parallel...`), and `executor=local|PROFILE.toml` with `executor.nodes=`,
+    `executor.gpus_per_node=`, `executor.device=cpu|cuda`, `executor.gpu=KIND`. Sizes default as in
+    `recipes run`: the profile's, then the recipe's published run (on the CPU: 1 node x 2)."""
+    import argparse
+
+    from config.tree import suggest
+    from recipes.launch import _cluster
+
+    if not factory:
+        raise ConfigError(
+            [("--factory", "name the recipe, e.g. --factory tiny_gpt_pretrain (`recipes list`)")]
+        )
+    recipe = get(factory)
+    where, options, overrides = None, {}, []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if key == "executor" and eq:
+            where = value
+        elif key.startswith("executor."):
+            name = key.removeprefix("executor.")
+            if name not in EXECUTOR_KEYS:
+                hint = suggest(name, list(EXECUTOR_KEYS)) or f" Valid: {', '.join(EXECUTOR_KEYS)}."
+                raise ConfigError([(key, f"unknown executor option.{hint}")])
+            options[name] = value
+        else:
+            overrides.append(arg.removeprefix("config."))
+    cfg = apply_overrides(recipe.config(), overrides)
+    profile = load(where)[0]
+    sizes = {k: int(options[k]) if k in options else None for k in ("nodes", "gpus_per_node")}
+    ns = argparse.Namespace(
+        **sizes, gpu=options.get("gpu"), device=options.get("device"), nvlink_domain=None
+    )
+    cluster = _cluster(recipe, ns, profile)
+    device = "cpu" if cluster.gpu == "cpu" else ns.device
+    ex = executor(
+        where, nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node, device=device
+    )
+    return partial(cfg), ex, Checks(gpu=None if cluster.gpu == "cpu" else cluster.gpu)
+
+
+@dataclass(kw_only=True)
+class RecipeRunContext(nr.cli.RunContext):
+    """NeMo-Run's RunContext with our parsing: our suggestions for a recipe or field typo, the
+    Checks plugin before --dryrun, the confirmation or the launch (exit 2 invalid, 3 no fit)."""
+
+    def _execute_task(self, fn: Any, task_args: list[str]) -> None:
+        from recipes.launch import Refused
+
+        try:
+            task, ex, checks = cli_task(self.factory, task_args)
+            checks.setup(task, ex)  # once: the run directory it picks is the one launched
+        except Refused as refused:
+            print(refused.text)
+            sys.exit(refused.exit_code)
+        except ConfigError as err:
+            print(f"{len(err.problems)} problem(s):", file=sys.stderr)
+            for field, message in err.problems:
+                print(f"  {field}: {message}", file=sys.stderr)
+            sys.exit(2)
+        name = self.name if self.name != "pretrain" else task.config.name
+        plugins = list(self.plugins or [])
+        if self.dryrun:
+            nr.run(task, executor=ex, plugins=plugins, name=name, dryrun=True)
+            print("dry run: checked, nothing launched")
+        elif self._should_continue(self.skip_confirmation):
+            nr.run(task, executor=ex, plugins=plugins, name=name, detach=self.detach)
+
+
+def _entry(config: TrainingConfig) -> None:
+    pretrain(config)
+
+
+_entry.__name__ = _entry.__qualname__ = "pretrain"  # `nemo recipes pretrain`
+_entry.__annotations__ = {"config": TrainingConfig, "return": None}
+nr.cli.entrypoint(
+    _entry,
+    namespace="recipes",
+    run_ctx_cls=RecipeRunContext,
+    help="Train a catalog recipe: --factory RECIPE (see `recipes list`), dotlist overrides "
+    "(parallel.tensor_model_parallel_size=2), executor=local|PROFILE.toml with executor.nodes=N "
+    "executor.gpus_per_node=G executor.device=cpu|cuda executor.gpu=KIND. The recipe is checked "
+    "as by `recipes run` first; --dryrun checks and prints, --yes skips the confirmation.",
+)
