@@ -367,6 +367,43 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ResilienceConfig:
+    """Stragglers, hangs and failed jobs (training/straggler.py, training/watchdog.py, the sbatch
+    script). Every field may change when a run resumes: none of them shapes a checkpoint."""
+
+    # Every this many steps the ranks gather their mean step and collective times over the last
+    # interval (one all_gather of three numbers) and rank 0 names a rank whose compute time (its
+    # step minus its waits in the gradient sync and parameter all-gather) exceeds
+    # straggler_factor x the median of the others of its pipeline stage. One slow GPU gates every
+    # collective: the others wait for it.
+    straggler_interval: int = field(
+        default=100, metadata=within(0, MAX_STEPS, note="0 means never")
+    )
+    # 1.5: well above the spread of healthy ranks, well below a throttled or failing GPU.
+    straggler_factor: float = field(default=1.5, metadata=within(1, low_open=True))
+    # Hang watchdog: a rank whose step makes no progress for max(hang_min_seconds,
+    # hang_timeout_factor x its slowest recent step) dumps every thread's stack (stderr and
+    # <run_dir>/hang/) and exits 75, so that torchrun stops the job (and Slurm may requeue it)
+    # instead of a hung collective holding the allocation until the wall time. 0 or None: off.
+    hang_min_seconds: Optional[float] = field(
+        default=600.0, metadata=within(0, note="0 turns the watchdog off")
+    )
+    hang_timeout_factor: float = field(default=10.0, metadata=within(1))
+    # The allowance for what is not a training step: start-up up to the first step (imports,
+    # rendezvous, model build, checkpoint load, compilation) and the work between steps
+    # (evaluation, checkpoint saves, the stop decision).
+    hang_startup_seconds: float = field(default=1800.0, metadata=within(0, low_open=True))
+    # On Slurm, a job whose training step fails (a crash, the watchdog) requeues itself with
+    # `scontrol requeue` while SLURM_RESTART_COUNT is below this; the requeued job resumes from
+    # the newest complete checkpoint. 0: never requeue.
+    max_requeues: int = field(default=3, metadata=within(0, 1000, note="0 never requeues"))
+    # On Slurm, start the ranks with nvidia-resiliency-ext's ft_launcher instead of torchrun (its
+    # rank monitors restart failed ranks in place). Needs the package where the ranks run (NGC
+    # containers carry it); the launcher refuses a run whose environment cannot import it.
+    ft_launcher: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainingConfig:
     """The root: one complete, launchable description of a training run."""
 
@@ -382,3 +419,4 @@ class TrainingConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)

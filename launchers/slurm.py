@@ -6,8 +6,11 @@
 - `slurm-apptainer`: `apptainer exec --nv` with --bind mounts, for centres without pyxis.
 - `slurm-bare`: no container; the batch script activates a venv on a shared filesystem.
 
-In every kind srun starts one task per node, and that task is torchrun with the node's ranks;
-torchrun's c10d rendezvous runs on the first node of the allocation. `launchers.sbatch` renders
+In every kind srun starts one task per node, and that task is torchrun with the node's ranks
+(nvidia-resiliency-ext's `ft_launcher` with resilience.ft_launcher, which restarts failed ranks in
+the job up to resilience.max_requeues times); the c10d rendezvous runs on the first node of the
+allocation. A job whose training step fails requeues itself (`scontrol requeue`) while
+SLURM_RESTART_COUNT is below resilience.max_requeues; it resumes from the newest checkpoint. `launchers.sbatch` renders
 the job into a script; `nemo_executor` gives Python users the same pyxis job as a NeMo-Run
 `SlurmExecutor` for `run.run` / `run.Experiment`.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import copy
 import posixpath
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +57,8 @@ class SlurmJob:
     config_path: str  # the resolved config as the ranks see it (inside the container)
     env: EnvPlan
     signal_s: int | None = None  # USR1 to every rank this long before the wall time
+    max_requeues: int = 0  # requeue a failed job while SLURM_RESTART_COUNT is below this
+    ft_launcher: bool = False  # nvidia-resiliency-ext's ft_launcher instead of torchrun
 
     @property
     def log_path(self) -> str:
@@ -127,6 +133,8 @@ def slurm_job(
         config_path=f"{cfg.logging.run_dir}/config.yaml",
         env=env,
         signal_s=profile.exit_margin_s,
+        max_requeues=cfg.resilience.max_requeues,
+        ft_launcher=cfg.resilience.ft_launcher,
     )
     check_job(job)
     return cfg, job
@@ -151,6 +159,45 @@ def check_job(job: SlurmJob) -> None:
     problems = [pr for key, text, fix in texts for pr in control_problems(key, text, fix)]
     if problems:
         raise ConfigError(problems)
+    if job.ft_launcher and job.kind == "slurm-bare":
+        check_ft_launcher(job.profile.venv or "")
+
+
+# What ft_launcher needs on the ranks: its fault-tolerance package, importable beside
+# megatron-core (nvidia-resiliency-ext 0.4.1, the newest wheel for Debian 12's glibc, breaks
+# megatron-core's import; NGC containers carry a working one).
+FT_IMPORT = "import nvidia_resiliency_ext.fault_tolerance, megatron.core"
+FT_FIX = (
+    "install nvidia-resiliency-ext (>= 0.6) where the ranks run (pip install .[resiliency]), "
+    "run in an NGC container that carries it, or set resilience.ft_launcher=false (torchrun)"
+)
+
+
+def check_ft_launcher(venv: str) -> None:
+    """ConfigError unless the bare-metal venv's Python imports nvidia-resiliency-ext with
+    megatron-core and holds bin/ft_launcher. (A container is checked when the job starts: the
+    script stops, without requeueing, when the image lacks ft_launcher.)"""
+    python = posixpath.join(venv, "bin", "python")
+    launcher = posixpath.join(venv, "bin", "ft_launcher")
+    try:
+        done = subprocess.run(
+            [python, "-c", FT_IMPORT], capture_output=True, text=True, timeout=300
+        )
+        why = done.stderr.strip().splitlines()[-1:] if done.returncode else []
+    except (OSError, subprocess.TimeoutExpired) as err:
+        why = [f"{python} could not run: {err}"]
+    if not why and not posixpath.isfile(launcher):
+        why = [f"{launcher} does not exist"]
+    if why:
+        raise ConfigError(
+            [
+                (
+                    "resilience.ft_launcher",
+                    f"is true, but the profile's venv {venv!r} cannot start it ({why[0]}); "
+                    + FT_FIX,
+                )
+            ]
+        )
 
 
 def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
@@ -175,6 +222,8 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
         opts.append(("--mem", p.mem))
     if p.exclusive:
         opts.append(("--exclusive", None))
+    if job.max_requeues:  # the script requeues itself on failure (scontrol requeue needs this)
+        opts.append(("--requeue", None))
     opts += [("--time", p.time), ("--output", job.log_path), ("--open-mode", "append")]
     if job.signal_s:
         # No "B:": Slurm signals the job step's processes (the ranks), not the batch shell.
@@ -192,15 +241,24 @@ IGNORE_USR1 = Raw("""bash -c 'trap "" USR1 && exec "$0" "$@"'""")
 
 
 def torchrun_command(job: SlurmJob) -> list[Arg]:
-    """One node's torchrun: all its ranks, c10d rendezvous on the first node of the job."""
+    """One node's torchrun (or ft_launcher, which takes torchrun's arguments): all its ranks, c10d
+    rendezvous on the first node of the job."""
+    if job.ft_launcher:
+        launcher = "ft_launcher"
+        # Failed ranks restart within the job (each restart resumes from the newest checkpoint)
+        # before the job fails and requeues.
+        restarts = f"--max-restarts={job.max_requeues}"
+    else:
+        launcher = "torchrun"
+        restarts = "--max-restarts=0"  # a failed rank fails the job; a requeue or chain resumes
     return [
-        (IGNORE_USR1, "torchrun"),
+        (IGNORE_USR1, launcher),
         f"--nnodes={job.nodes}",
         f"--nproc-per-node={job.procs_per_node}",
         "--rdzv-backend=c10d",
         Raw(f'--rdzv-endpoint="$head_node":{job.profile.rdzv_port}'),
         Raw('--rdzv-id="$SLURM_JOB_ID"'),
-        "--max-restarts=0",  # a failed rank fails the job; the next link of a chain resumes
+        restarts,
         ("-m", ENTRY_MODULE),
         ("--config", job.config_path),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from config.tree import apply_overrides
 from launchers.profile import load_profile
 from launchers.sbatch import render
 from launchers.slurm import slurm_job
@@ -23,18 +24,30 @@ USER_ENV = {
     "HOME": "/home/me",
 }
 
-# (golden name, profile, recipe, nodes, CPU mode)
+# (golden name, profile, recipe, nodes, CPU mode, overrides)
 CASES = [
-    ("slurm", "slurm.toml", "llama3_8b_pretrain", 2, False),
-    ("slurm-apptainer", "slurm-apptainer.toml", "llama3_8b_pretrain", 2, False),
-    ("slurm-bare", "slurm-bare.toml", "llama3_8b_pretrain", 2, False),
-    ("slurm-bare-cpu", "slurm-bare.toml", "tiny_gpt_pretrain", 1, True),
+    ("slurm", "slurm.toml", "llama3_8b_pretrain", 2, False, ()),
+    ("slurm-apptainer", "slurm-apptainer.toml", "llama3_8b_pretrain", 2, False, ()),
+    ("slurm-bare", "slurm-bare.toml", "llama3_8b_pretrain", 2, False, ()),
+    ("slurm-bare-cpu", "slurm-bare.toml", "tiny_gpt_pretrain", 1, True, ()),
+    # nvidia-resiliency-ext's launcher in a pyxis container, no requeue (the image is checked
+    # when the job starts; a bare-metal venv before launch)
+    (
+        "slurm-ft-launcher",
+        "slurm.toml",
+        "llama3_8b_pretrain",
+        2,
+        False,
+        ("resilience.ft_launcher=true", "resilience.max_requeues=0"),
+    ),
 ]
 
 
-def golden_script(profile_file: str, recipe: str, nodes: int, cpu: bool) -> str:
+def golden_script(
+    profile_file: str, recipe: str, nodes: int, cpu: bool, overrides: tuple[str, ...] = ()
+) -> str:
     profile = load_profile(PROFILES / profile_file)
-    cfg = get(recipe).config()
+    cfg = apply_overrides(get(recipe).config(), list(overrides))
     procs = profile.gpus_per_node or 8
     if cpu:
         cfg.train.device, procs = "cpu", 2
@@ -52,6 +65,6 @@ def golden_script(profile_file: str, recipe: str, nodes: int, cpu: bool) -> str:
 
 def sbatch_goldens() -> dict[Path, str]:
     return {
-        GOLDEN / f"{name}.sbatch": golden_script(profile, recipe, nodes, cpu)
-        for name, profile, recipe, nodes, cpu in CASES
+        GOLDEN / f"{name}.sbatch": golden_script(profile, recipe, nodes, cpu, overrides)
+        for name, profile, recipe, nodes, cpu, overrides in CASES
     }

@@ -11,6 +11,11 @@ without touching the loop:
 - `Trainer.train(hooks, stop)` calls `hook.after_step(trainer, stopping)` after every step and
   `hook.at_end(trainer)` once the loop ends, on every rank. `stop` (training/stop.py) makes the one
   stop decision of each step: an exit signal on any rank, or train.exit_duration_minutes.
+
+Resilience (cfg.resilience): every step's time and the time in its gradient sync feed the straggler
+monitor (training/straggler.py: a gather every straggler_interval steps, whose verdict joins that
+step's metrics), and the loop moves the hang watchdog's deadline (training/watchdog.py) at the
+start and the end of every step.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from training.build import build_model, build_optimizer, build_scheduler, wire_s
 from training.metrics import MetricsLogger
 from training.step import eval_step, train_step
 from training.stop import StopPolicy
+from training.straggler import StragglerMonitor
+from training.watchdog import Watchdog
 
 
 class StepLogger(Protocol):
@@ -136,6 +143,14 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, self.config)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         wire_schedules(self.config, self.model, self.optimizer)
+        res = cfg.resilience
+        self.straggler = StragglerMonitor(
+            res.straggler_interval,
+            res.straggler_factor,
+            self.torch_device,
+            stage=parallel_state.get_pipeline_model_parallel_rank(),
+        )
+        self.straggler.wrap_sync(self.config, self.model)  # times the waits for other ranks
         self.forward = load(MODEL_ARCHS[cfg.model.arch].forward)
 
         # The data kind's batch source. Every rank builds it (Megatron's dataset builders
@@ -169,15 +184,18 @@ class Trainer:
         hooks: Sequence[Hook] = (),
         stop: StopPolicy | None = None,
         resumed: dict[str, Any] | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         """Train to train.max_steps or the stop decision. `resumed`: what the checkpointer loaded
-        (and passed over), recorded in the metrics."""
+        (and passed over), recorded in the metrics; `watchdog`: the hang watchdog to keep fed."""
         cfg = self.cfg
         # One record per step across restarts: a job that died before its first checkpoint
         # logged steps that this one trains again, from 0.
         self.logger.resume_from(self.step, resumed)
         tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
         while self.step < cfg.train.max_steps:
+            if watchdog is not None:
+                watchdog.step_started()
             t0 = time.perf_counter()
             result = train_step(
                 self.forward,
@@ -192,8 +210,11 @@ class Trainer:
             if self.device == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0
+            if watchdog is not None:
+                watchdog.step_ended(elapsed)
             self.progress.step += 1
-            self._log(result, tokens_per_step / elapsed, elapsed, self._maybe_evaluate())
+            health = self.straggler.observe(self.step, elapsed)  # a gather every N steps
+            self._log(result, tokens_per_step / elapsed, elapsed, self._maybe_evaluate(), health)
             reason = stop.check() if stop is not None else None
             for hook in hooks:
                 hook.after_step(self, stopping=reason is not None)
@@ -226,7 +247,12 @@ class Trainer:
         return None if None in losses else sum(losses) / len(losses)  # rank 0 only
 
     def _log(
-        self, result: Any, tokens_per_s: float, elapsed: float, val_loss: float | None = None
+        self,
+        result: Any,
+        tokens_per_s: float,
+        elapsed: float,
+        val_loss: float | None = None,
+        health: dict[str, Any] | None = None,
     ) -> None:
         world = dist.get_world_size()
         # On the CPU there is no accelerator whose throughput the figure would describe.
@@ -245,6 +271,7 @@ class Trainer:
             metrics["val_loss"] = val_loss
         if result.skipped:
             metrics["skipped"] = True
+        metrics |= health or {}  # the straggler verdict, on the steps that gather it
         self.logger.on_step(self.step, metrics)  # writes on global rank 0 only
 
     def close(self) -> None:

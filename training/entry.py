@@ -11,12 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from config.hardware import Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides, from_dict, write_yaml
 from training.ranks import launch_from_env
+
+if TYPE_CHECKING:
+    from training.engine import Hook
 
 
 def cluster_from_env(device: str) -> Cluster:
@@ -56,9 +61,10 @@ def run_dir_for(cfg: TrainingConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{stamp}"
 
 
-def pretrain(config: TrainingConfig) -> None:
+def pretrain(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
     """Check `config` against the cluster this rank runs on, then train it (every rank calls this).
 
+    `hooks`: more step hooks (training/engine.py `Hook`) after the checkpointer's, e.g. a test's.
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
     from config.finalize import finalize
@@ -81,9 +87,12 @@ def pretrain(config: TrainingConfig) -> None:
     from training.checkpoint import Checkpointer
     from training.engine import Trainer
     from training.stop import StopPolicy
+    from training.watchdog import watchdog_for
 
     owns_group = False
     trainer = stop = None
+    # From before the rendezvous: a start-up that hangs is a hang too.
+    watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
         owns_group = distributed.init_process_group(launch_from_env(), device)
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
@@ -97,8 +106,10 @@ def pretrain(config: TrainingConfig) -> None:
         )
         checkpoints.resume()  # from the newest complete checkpoint, if any: job chains
         stop = StopPolicy(config.train.exit_duration_minutes, trainer.torch_device)
-        trainer.train([checkpoints], stop, resumed=checkpoints.resumed)
+        trainer.train([checkpoints, *hooks], stop, resumed=checkpoints.resumed, watchdog=watchdog)
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         if stop is not None:
             stop.close()
         if trainer is not None:
