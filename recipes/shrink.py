@@ -5,12 +5,16 @@ its MoE / MLA / MTP features and its data settings, and replaces the sizes: 2 la
 chunk, hidden 64, a short sequence and a small vocabulary. `fit_to_world` then scales the layout
 down to the processes at hand (a 1024-GPU recipe on 4 CPU processes), halving the largest sizes
 first and recording every change, so the run says what it is really exercising.
-"""
+
+On the CPU, `cpu_substitutes` first replaces what only a GPU runs (context parallel, FP8/FP4, the
+alltoall and flex MoE dispatchers) with what the CPU mode runs (training/cpu_mode.py), and says
+so; sequence parallel, TP, PP, DP and EP stay as the recipe has them."""
 
 from __future__ import annotations
 
 import copy
 
+from config.precision import PRESETS
 from config.schema import TrainingConfig
 
 HIDDEN = 64
@@ -112,27 +116,46 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
     dp = max(1, world // model_parallel)
     microbatches = par.pipeline_model_parallel_size if par.pipeline_model_parallel_size > 1 else 1
     cfg.train.global_batch_size = cfg.train.micro_batch_size * dp * microbatches
-    if cfg.model.num_layers % (
-        par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
-    ):
-        cfg.model.num_layers = (
-            2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
-        )
+    # Still 2 layers per pipeline chunk, as `shrink` made them (not 80 layers on 2 stages).
+    cfg.model.num_layers = (
+        2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
+    )
     if cfg.model.num_moe_experts:
         cfg.model.num_moe_experts = max(cfg.model.num_moe_experts, 2 * ep)
     return changes
 
 
-def use_cpu_collectives(cfg: TrainingConfig) -> list[str]:
-    """Swap GPU-only implementations for their CPU twins (in place); returns the changes.
+def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
+    """Replace (in place) what the CPU mode cannot run with its nearest CPU counterpart; returns
+    the changes, each as "field: old -> new (why)". Call before `fit_to_world`, which then fits
+    the layout left (a context-parallel group becomes data-parallel replicas).
 
-    Only implementations change, never what is computed: the MoE token dispatcher moves the same
-    tokens to the same experts with all-gathers (gloo) instead of all-to-all (NCCL). Features that
-    change the computation or its layout on a GPU (SP, CP, FP8) are left for the checker to refuse.
+    What changes only how the same thing is computed, and what changes the computation:
+    - the MoE token dispatcher: all-gathers move the same tokens to the same experts;
+    - context parallel: the whole sequence on each rank (same model and loss, more memory);
+    - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16).
+    The checker's `cpu` rule (config/rules/precision.py) refuses the same features without
+    --shrink, when the user asked for the CPU with a layout of their own.
     """
-    model = cfg.model
+    model, par, changes = cfg.model, cfg.parallel, []
     if model.num_moe_experts and model.moe_token_dispatcher_type != "allgather":
-        change = f"model.moe_token_dispatcher_type: {model.moe_token_dispatcher_type} -> allgather"
+        changes.append(
+            f"model.moe_token_dispatcher_type: {model.moe_token_dispatcher_type} -> allgather "
+            "(the CPU mode exchanges tokens with all-gathers; the same experts get the same tokens)"
+        )
         model.moe_token_dispatcher_type = "allgather"
-        return [change]
-    return []
+    if par.context_parallel_size > 1:
+        changes.append(
+            f"parallel.context_parallel_size: {par.context_parallel_size} -> 1 (context parallel "
+            "needs Transformer Engine's attention on a GPU)"
+        )
+        par.context_parallel_size = 1
+    preset = PRESETS.get(cfg.precision)
+    if preset is not None and preset.fp8_recipe is not None:
+        fmt = "FP4" if preset.fp8_recipe == "nvfp4" else "FP8"
+        plain = f"{preset.params_dtype}_mixed"
+        changes.append(
+            f"precision: {cfg.precision} -> {plain} ({fmt} needs a GPU with Transformer Engine)"
+        )
+        cfg.precision = plain
+    return changes
