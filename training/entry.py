@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="a resolved config YAML")
     parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=10")
     args = parser.parse_args(argv)
+    from training import quiet
+
+    quiet.install()  # before Megatron-Core is imported: most of its notices come at import
     try:
         pretrain(load_config(args.config, args.overrides))
     except ConfigError as err:
