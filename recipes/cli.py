@@ -1,8 +1,8 @@
-"""The `recipes` command: list, show, check, plan and run catalog recipes; import and export
-Hugging Face folders.
+"""The `recipes` command: list, show, check, plan and run catalog recipes, list past runs; import
+and export Hugging Face folders.
 
-`list`, `show`, `check` and `plan` import neither torch nor NeMo-Run, so they answer at once on a login
-node; `run` imports the launchers only when it is called, `import` and `export` the converter.
+`list`, `show`, `check`, `plan` and `runs` import neither torch nor NeMo-Run, so they answer at once
+on a login node; `run` imports the launchers only when it is called, `import` and `export` the converter.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from config.hardware import GPUS
 from config.tree import ConfigError, to_dict, to_yaml
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
+    p = sub.add_parser("runs", help="list past runs: state, step, last loss, run directory")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--root", action="append", type=Path, help="a folder of run directories (default ./runs)"
+    )
+    p.add_argument("--cluster", dest="profile", help="cluster profile: list its run_root")
     p = sub.add_parser(
         "import", help="Hugging Face folder -> Megatron dist checkpoint (a checkpoints folder)"
     )
@@ -187,6 +194,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plans else EXIT_NO_FIT
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from recipes.runs import cmd_runs as list_runs
+
+    roots = list(args.root or [])
+    if args.profile:
+        from launchers.profile import load_profile
+
+        roots.append(Path(load_profile(args.profile).run_root or "runs").expanduser())
+    return list_runs(roots or [Path("runs")], args.json)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from recipes.launch import run_command
 
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
     commands["plan"] = cmd_plan
+    commands["runs"] = cmd_runs
     commands["data"] = cmd_data
     commands["import"] = commands["export"] = cmd_convert
     try:

@@ -229,6 +229,9 @@ def _run_slurm(
         if len(ids) > 1
         else ""
     )
+    from launchers.local import write_record
+
+    write_record(run_dir, executor=job.kind, job_ids=ids, state="SUBMITTED")  # for `recipes runs`
     print(f"submitted {job.kind} job(s): {' '.join(ids)}{chain}")
     print(f"logs: {job.log_path.replace('%j', '<job id>')}")
     print(f"run directory: {run_dir}")

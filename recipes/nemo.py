@@ -197,7 +197,10 @@ def _slurm_executor(
         setup_lines="\n".join(setup) or None,
         # No --signal: torchrun would die of USR1; train.exit_duration_minutes (set from the
         # profile's time by the Checks plugin) stops the run before the wall time instead.
-        tunnel=nr.LocalTunnel(job_dir=p.job_dir or os.path.abspath(p.run_root or "runs")),
+        # NeMo-Run's own job folders (its sbatch script, logs, serialized task) beside the runs.
+        tunnel=nr.LocalTunnel(
+            job_dir=p.job_dir or os.path.abspath(f"{p.run_root or 'runs'}/nemo_run")
+        ),
         packager=nr.Packager(),  # the code is in the image or the venv, not copied per job
         launcher="torchrun",
     )
@@ -353,6 +356,8 @@ class Experiment(nr.Experiment):
         tasks = task if isinstance(task, list) else [task]
         if any(is_recipe(t) for t in tasks):
             plugins = with_checks(plugins)
+            if not name and not isinstance(task, list):
+                name = from_partial(task).name  # the task's name: the recipe's, not the function's
         return super().add(task, executor=executor, name=name, plugins=plugins, **kw)
 
 
