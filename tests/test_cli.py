@@ -160,11 +160,11 @@ def test_unknown_recipe() -> None:
     assert out.returncode == 2 and "llama3_8b_pretrain" in out.stderr
 
 
-@pytest.mark.parametrize("command", ["list", "check", "plan"])
+@pytest.mark.parametrize("command", ["list", "check", "plan", "runs"])
 def test_fast_path_imports_no_torch(command: str) -> None:
-    """`list`, `check` and `plan` answer at once on a login node: no torch, Megatron-Core or
-    NeMo-Run."""
-    args = ["list"] if command == "list" else [command, "llama31_405b_pretrain"]
+    """`list`, `check`, `plan` and `runs` answer at once on a login node: no torch, Megatron-Core
+    or NeMo-Run."""
+    args = [command] if command in ("list", "runs") else [command, "llama31_405b_pretrain"]
     code = (
         f"import sys, runpy; sys.argv = ['recipes', *{args!r}]\n"
         "try:\n    runpy.run_module('recipes', run_name='__main__')\nexcept SystemExit:\n    pass\n"
