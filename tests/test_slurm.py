@@ -259,3 +259,47 @@ def test_chain_resumes_from_the_previous_job(chain: dict) -> None:
     assert re.findall(r"^step (\d+)/", second, re.M)[0] == str(resumed_at + 1), second[-3000:]
     done = steps(chain["run_dir"])  # metrics.jsonl continues across the jobs, no step twice
     assert done == list(range(1, last_step(second) + 1)), done
+
+
+def wait_for_checkpoint(run_dir: Path, job_id: str, step: int, timeout: float = 400) -> None:
+    """Until the run holds a complete checkpoint at `step` (its train_state.json is written last)."""
+    deadline = time.monotonic() + timeout
+    state = run_dir / "checkpoints" / f"iter_{step:07d}" / "train_state.json"
+    while not state.is_file():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} saved no checkpoint at step {step} in {timeout} s")
+        time.sleep(0.5)
+
+
+def test_a_failed_job_requeues_and_resumes(
+    slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The ranks of a running job die (USR2 kills torchrun and every rank, as a crash would) after
+    a checkpoint: the script requeues the job (resilience.max_requeues=1), which resumes from
+    that checkpoint and completes; the log says what it did. Slurm holds a requeued job for about
+    two minutes before it starts it again, so this test takes about five."""
+    tmp = tmp_path_factory.mktemp("requeue")
+    run_dir = tmp / "run"
+    ids, _ = submit(
+        slurm,
+        tmp,
+        run_dir,
+        "train.max_steps=12",
+        "checkpoint.save_interval=4",
+        "resilience.max_requeues=1",
+    )
+    (job,) = ids
+    wait_for_checkpoint(run_dir, job, 4)
+    assert run("scancel", "--signal=USR2", job, env=slurm).returncode == 0
+    state = wait_for(slurm, job)
+    log = log_of(run_dir, job)
+    assert state == "COMPLETED", log[-3000:]
+    assert "requeueing job " + job + ", requeue 1 of 1 (resilience.max_requeues)" in log, log[
+        -3000:
+    ]
+    shown = run("scontrol", "show", "job", job, env=slurm).stdout
+    assert re.search(r"Restarts=1\b", shown), shown
+    resumed_at = re.search(r"resumed from \S*iter_(\d+)", log)
+    assert resumed_at and int(resumed_at.group(1)) >= 4, log[-3000:]
+    assert last_step(log) == 12, log[-3000:]
+    assert steps(run_dir) == list(range(1, 13))  # one record per step across the two attempts
