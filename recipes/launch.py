@@ -7,7 +7,8 @@
     -> slurm, slurm-apptainer, slurm-bare: an sbatch script per launchers/, submitted (--chain K)
 
 Every rank runs only `python -m training.entry --config <run dir>/config.yaml`. The last line a
-real run prints is `run directory: PATH`.
+real run prints is `run directory: PATH`. The steps before the launch are `prepare`, which the
+NeMo-Run paths (recipes/nemo.py: the Checks plugin, `nemo recipes pretrain`) call too.
 """
 
 from __future__ import annotations
