@@ -65,7 +65,7 @@ def prepare(
 def run_command(args: argparse.Namespace) -> int:
     profile = _profile(args)
     recipe = get(args.recipe)
-    cluster = _cluster(recipe, args, profile)
+    cluster = cluster_for(recipe, args, profile)
     cfg = recipe.config()
     if args.device == "cuda":
         cfg.train.device = "cuda"
@@ -124,7 +124,7 @@ def _profile(args: argparse.Namespace) -> Profile:
     return Profile(executor="local")
 
 
-def _cluster(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Cluster:
+def cluster_for(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Cluster:
     """Job size: command line, then profile, then the recipe's published cluster. On the CPU a
     recipe published for GPUs defaults to one node with two processes, not its GPU count."""
     published_on_cpu = recipe.cluster.gpu == "cpu"

@@ -395,7 +395,7 @@ def cli_task(factory: str | None, args: list[str]) -> tuple[nr.Partial, nr.Execu
     import argparse
 
     from config.tree import suggest
-    from recipes.launch import _cluster
+    from recipes.launch import cluster_for
 
     if not factory:
         raise ConfigError(
@@ -421,7 +421,7 @@ def cli_task(factory: str | None, args: list[str]) -> tuple[nr.Partial, nr.Execu
     ns = argparse.Namespace(
         **sizes, gpu=options.get("gpu"), device=options.get("device"), nvlink_domain=None
     )
-    cluster = _cluster(recipe, ns, profile)
+    cluster = cluster_for(recipe, ns, profile)
     device = "cpu" if cluster.gpu == "cpu" else ns.device
     ex = executor(
         where, nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node, device=device
