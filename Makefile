@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint golden bench env clean
+.PHONY: demo test test-fast lint golden bench env clean gpu-check
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
@@ -30,6 +30,11 @@ golden: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/cli_latency.py
+
+# Issue 14 on a bare lent GPU: no .venv there, the machine's python3 and torch plus the wheels of
+# scripts/fetch_gpu_wheels.py (carried as wheels/gpu); figures under $$OUT. scripts/gpu_check.sh.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV)

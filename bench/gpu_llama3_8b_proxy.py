@@ -8,10 +8,14 @@ GPU's dense peak in the precision of the GEMMs (config/hardware.py), with the ca
 
     # on a machine with one H100/H200 and this repository installed (torch + megatron-core, TE optional)
     python bench/gpu_llama3_8b_proxy.py [--layers N] [--steps 30] [--precision bf16_mixed ...]
+        [--json FIGURES.json] [--cpu-dry-run]
 
-Each precision runs as `torchrun --nproc-per-node 1 -m training.entry --config ...`, the same
-entry point as a real job; the figures are medians over the steps after the first five (warm-up,
-allocator growth, TE's FP8 calibration).
+--cpu-dry-run shrinks the model (recipes/shrink.py) and trains on the CPU: the plumbing only, no
+MFU (bench/gpu_check.py's dry run).
+
+Each precision runs as `torchrun --nproc-per-node 1 bench/gpu_rank.py ... --config ...`: the
+entry point of a real job (training.entry.main) without its end-of-run checkpoint. The figures are
+medians over the steps after the first five (warm-up, allocator growth, TE's FP8 calibration).
 """
 
 from __future__ import annotations
@@ -71,22 +75,33 @@ def layers_that_fit(gpu: str, precision: str) -> int:
     return best
 
 
-def run(precision: str, layers: int, steps: int, workdir: Path) -> dict[str, float]:
-
+def run(
+    precision: str, layers: int, steps: int, workdir: Path, cpu: bool = False
+) -> dict[str, float | None]:
     run_dir = workdir / precision
     cfg = apply_overrides(
         get("llama3_8b_pretrain").config(), proxy_overrides(layers, steps, precision, run_dir)
     )
+    if cpu:
+        from recipes.shrink import shrink
+
+        cfg = apply_overrides(shrink(cfg), [f"train.max_steps={steps}", "train.device=cpu"])
     config = workdir / f"{precision}.yaml"
     write_yaml(cfg, config)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-    subprocess.run([*cmd, "-m", "training.entry", "--config", str(config)], cwd=REPO, check=True)
+    # training.entry under a probe that skips the end-of-run checkpoint (tens of GB at 8B).
+    probe = ["--probe", str(workdir / f"{precision}.probe.json"), "--no-final-save"]
+    rank = [str(REPO / "bench" / "gpu_rank.py"), *probe, "--config", str(config)]
+    subprocess.run([*cmd, *rank], cwd=REPO, check=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     measured = rows[5:] or rows
-    return {
-        key: statistics.median(r[key] for r in measured if r.get(key) is not None)
-        for key in ("tokens_per_s", "tflops_per_gpu", "mfu")
-    }
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in measured if r.get(key) is not None]
+        return statistics.median(values) if values else None  # no MFU on the CPU
+
+    keys = ("tokens_per_s", "tflops_per_gpu", "mfu", "step_time_s")
+    return {key: median(key) for key in keys} | {"steps_measured": len(measured)}
 
 
 def main() -> None:
@@ -96,16 +111,26 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="default: as many as the estimate says fit")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--precision", nargs="+", default=PRECISIONS)
+    parser.add_argument("--json", type=Path, help="write {precision: figures} here")
+    parser.add_argument("--cpu-dry-run", action="store_true")
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    gpu = gpu_from_device_name(name)
+    cpu = args.cpu_dry_run
+    name = "cpu" if cpu else torch.cuda.get_device_name()
+    gpu = "h100" if cpu else gpu_from_device_name(name)
     if gpu is None:
         sys.exit(f"unknown GPU {name!r}: MFU needs its peak in config/hardware.py")
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    figures: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precision:
             layers = args.layers or layers_that_fit(gpu, precision)
-            result = run(precision, layers, args.steps, Path(tmp))
+            result = run(precision, layers, args.steps, Path(tmp), cpu)
+            figures[precision] = {"device": name, "layers": layers, "seq": 8192, **result}
+            if args.json:  # after each precision: a later one that fails keeps the earlier
+                args.json.write_text(json.dumps(figures, indent=1))
+            if cpu:
+                print(f"cpu dry run | {precision} | {result['tokens_per_s']:,.0f} tokens/s")
+                continue
             print(
                 f"{name} | {precision} | {layers} layers, seq 8192 | "
                 f"{result['tokens_per_s']:,.0f} tokens/s | {result['tflops_per_gpu']:.0f} TFLOPS/GPU | "

@@ -1,0 +1,277 @@
+"""`make gpu-check` on the CPU: the wheel plan, the install into a folder over this machine's torch,
+torchtitan's harness on a tiny shape, and the comparison logic of the GPU benchmarks.
+
+The install tests need wheels/gpu (scripts/fetch_gpu_wheels.py, a download) and skip without it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELS = REPO / "wheels" / "gpu"
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+import fetch_gpu_wheels as fetch  # noqa: E402
+import gpu_async_save  # noqa: E402
+import gpu_attention  # noqa: E402
+import gpu_check  # noqa: E402
+import gpu_memory  # noqa: E402
+
+# --- the wheel plan ---------------------------------------------------------------------------
+
+
+def test_plan_pins_this_venvs_versions_and_torchtitans_stack() -> None:
+    pins = fetch.plan(lambda name: "1.2.3")
+    assert "megatron-core==1.2.3" in pins and "megatron-energon==1.2.3" in pins
+    assert "torchtitan==0.3.0" in pins and "spmd-types==0.2.3" in pins
+    names = [p.split("==")[0] for p in pins]
+    assert len(names) == len(set(names)), "one version of each package"
+    assert not [n for n in names if fetch.FORBIDDEN.match(n) or n in fetch.IMAGE]
+
+
+def test_plan_refuses_a_package_missing_here() -> None:
+    with pytest.raises(SystemExit, match="megatron-core is not installed"):
+        fetch.plan(lambda name: None if name == "megatron-core" else "1.0")
+
+
+def test_plan_never_carries_torch_or_what_the_image_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetch, "ENGINE", ("megatron-core", "torch"))
+    with pytest.raises(SystemExit, match="torch"):
+        fetch.plan(lambda name: "1.0")
+    monkeypatch.setattr(fetch, "ENGINE", ("megatron-core", "PyYAML"))
+    with pytest.raises(SystemExit, match="pyyaml"):
+        fetch.plan(lambda name: "1.0")
+
+
+def test_wheel_problems_name_each_fault() -> None:
+    wanted = ["megatron-core==0.19.2", "lark==1.3.1"]
+    files = [
+        Path("megatron_core-0.19.2-cp312-cp312-manylinux_2_28_x86_64.whl"),
+        Path("megatron_core-0.19.1-cp312-cp312-manylinux_2_28_x86_64.whl"),
+        Path("rpds_py-1.0-cp311-cp311-manylinux_2_17_x86_64.whl"),
+        Path("xattr-1.0-cp312-cp312-macosx_11_0_arm64.whl"),
+        Path("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"),
+    ]
+    problems = "\n".join(fetch.wheel_problems(files, wanted))
+    assert "megatron-core: two versions" in problems
+    assert "rpds_py-1.0-cp311" in problems and "not for Python 3.12" in problems
+    assert "not for x86_64 Linux" in problems
+    assert "torch/CUDA must never be carried" in problems
+    assert "lark==1.3.1: no wheel downloaded" in problems
+    good = [Path("lark-1.3.1-py3-none-any.whl"), files[0]]
+    assert fetch.wheel_problems(good, wanted) == []
+
+
+# --- the install into a folder, over this machine's torch -------------------------------------
+
+
+def _image_like(folder: Path) -> Path:
+    """This venv's packages that the lent machine's image holds too (fetch.IMAGE), linked into
+    one folder: with `python -S`, that folder + the carried wheels' is what the machine has."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    folder.mkdir()
+    for dist in importlib.metadata.distributions():
+        if fetch.normalize(dist.metadata["Name"]) not in fetch.IMAGE:
+            continue
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()}:
+            if top.startswith("..") or top == "__pycache__":
+                continue
+            source, link = site / top, folder / top
+            if source.exists() and not link.exists():
+                link.symlink_to(source)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """wheels/gpu installed as scripts/gpu_check.sh installs it (no index, no dependencies)."""
+    if not list(WHEELS.glob("*.whl")):
+        pytest.skip("no wheels/gpu: run scripts/fetch_gpu_wheels.py (a download) first")
+    folder = tmp_path_factory.mktemp("site")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    cmd += ["--no-compile", "--target", str(folder), *map(str, WHEELS.glob("*.whl"))]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return folder
+
+
+def _bare_python(target: Path, image: Path, code: str) -> subprocess.CompletedProcess:
+    prelude = f"import sys; sys.path[:0] = {[str(target), str(image), str(REPO)]!r}\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, "-S", "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+
+
+def test_the_engine_imports_from_the_carried_wheels_over_the_image(
+    target: Path, tmp_path: Path
+) -> None:
+    """Only the image's packages and the carried wheels: every module a GPU rank, the LLaVA data
+    path and the torchtitan harness import must come from them, torch from the image."""
+    image = _image_like(tmp_path / "image")
+    code = """
+import torch, megatron.core, megatron.energon, torchtitan
+import training.engine, training.entry, training.checkpoint, data.energon, data.sft
+import models.llava_model, torchtitan.models.llama3, torchtitan.components.loss
+print(torch.__file__); print(megatron.core.__file__); print(megatron.energon.__file__)
+print(torchtitan.__file__)
+"""
+    proc = _bare_python(target, image, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch_file, *carried = proc.stdout.split()[-4:]
+    assert torch_file.startswith(str(image)), torch_file
+    assert all(path.startswith(str(target)) for path in carried), carried
+
+
+def test_torchtitan_trains_its_llama3_on_a_tiny_shape_on_the_cpu(
+    target: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "titan.json"
+    cmd = [sys.executable, str(REPO / "bench" / "torchtitan_compare.py"), "--device", "cpu"]
+    cmd += ["--flavor", "debugmodel", "--layers", "2", "--seq", "32", "--steps", "2"]
+    cmd += ["--warmup", "1", "--microbatches", "2", "--attn", "sdpa", "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["torchtitan"] == fetch.TORCHTITAN["torchtitan"]
+    assert result["layers"] == 2 and result["shape"]["dim"] == 256
+    assert len(result["losses"]) == 2 and all(0 < loss < 20 for loss in result["losses"])
+    assert result["tokens_per_s"] == pytest.approx(32 * 2 / result["step_time_s"])
+    # The 8B flavor is the proxy's shape (checked from the config, nothing built).
+    check = (
+        "from torchtitan_compare import PROXY, config_shape\n"
+        "from torchtitan.models.llama3 import llama3_configs\n"
+        "assert config_shape(llama3_configs['8B'](attn_backend='flex')) == PROXY\n"
+    )
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "bench")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# --- the comparison logic of the GPU benchmarks ------------------------------------------------
+
+
+def test_every_memory_shape_is_a_valid_one_gpu_config_that_fits_an_h100(tmp_path: Path) -> None:
+    assert {"dense", "dense_recompute", "moe_ep1", "sft_packed", "llava"} <= {
+        s.name for s in gpu_memory.SHAPES
+    }
+    for shape in gpu_memory.SHAPES:
+        cfg = gpu_memory.config_for(shape, tmp_path / shape.name, tmp_path / "data", "cuda")
+        prediction = gpu_memory.predict(cfg, "h100")
+        assert prediction["problems"] == [], (shape.name, prediction["problems"])
+        assert 5 < prediction["predicted_gib"] < 0.9 * 80, (shape.name, prediction)
+    recompute = {s.name: s for s in gpu_memory.SHAPES}
+    dense, full = (
+        gpu_memory.predict(gpu_memory.config_for(recompute[n], tmp_path, tmp_path, "cuda"), "h100")
+        for n in ("dense", "dense_recompute")
+    )
+    assert full["predicted_parts_gib"]["activations"] < dense["predicted_parts_gib"]["activations"]
+
+
+def test_memory_comparison_ratios_and_goal() -> None:
+    close = gpu_memory.compare(10.0, {"peak_allocated_gib": 9.5, "peak_reserved_gib": 12.5})
+    assert close["ratio_to_allocated"] == pytest.approx(10 / 9.5)
+    assert close["ratio_to_reserved"] == pytest.approx(0.8)
+    assert close["within_goal"] is True
+    far = gpu_memory.compare(10.0, {"peak_allocated_gib": 8.0, "peak_reserved_gib": 9.0})
+    assert far["within_goal"] is False
+    cpu = gpu_memory.compare(10.0, {"peak_allocated_gib": None, "peak_reserved_gib": None})
+    assert cpu["ratio_to_allocated"] is None and cpu["within_goal"] is None
+
+
+def test_memory_runs_every_shape_with_a_fake_measurement(tmp_path: Path) -> None:
+    seen: list[Path] = []
+
+    def measure(config: Path, probe: Path, timeout: float) -> dict:
+        seen.append(config)
+        return {"peak_allocated_gib": 20.0, "peak_reserved_gib": 22.0, "exit_code": 0}
+
+    shapes = [s for s in gpu_memory.SHAPES if s.data is None]
+    results = gpu_memory.run_shapes(shapes, tmp_path, device="cuda", gpu="h100", measure=measure)
+    assert [c.name for c in seen] == [f"{s.name}.yaml" for s in shapes]
+    for shape in shapes:
+        r = results[shape.name]
+        assert r["ratio_to_allocated"] == pytest.approx(r["predicted_gib"] / 20.0)
+        assert "overhead" in r["predicted_parts_gib"]
+    late = gpu_memory.run_shapes(
+        shapes, tmp_path, device="cuda", gpu="h100", measure=measure, deadline=0.0
+    )
+    assert all(r == {"skipped": "no time left in this run"} for r in late.values())
+
+
+def test_async_save_overhead_and_attention_share_arithmetic() -> None:
+    plain = [0.0, 1.0, 2.0, 3.0, 4.0]  # 1 s per step
+    saving = [0.0, 1.0, 2.5, 3.5, 5.0]  # two saves of 0.5 s
+    figures = gpu_async_save.overhead(plain, saving, 2)
+    assert figures["overhead_s_per_save"] == pytest.approx(0.5)
+    assert figures["overhead_share_of_step"] == pytest.approx(0.5)
+    shares = gpu_attention.shares({"sdpa": 0.01, "local": 0.03}, 1.0, layers=5, micro=4)
+    assert shares["sdpa_share_of_step"] == pytest.approx(0.2)
+    assert shares["step_s_with_local_estimated"] == pytest.approx(1.4)
+    assert shares["local_share_of_step"] == pytest.approx(0.6 / 1.4)
+    assert gpu_attention.shares({"sdpa": 0.01, "local": 0.03}, None, 5, 4) == {}
+
+
+# --- the orchestrator --------------------------------------------------------------------------
+
+
+def test_a_step_records_its_result_its_failure_or_that_it_had_no_time(tmp_path: Path) -> None:
+    write = "import json,sys; json.dump(dict(x=1), open(sys.argv[1], 'w'))"
+    ok = gpu_check.Step("ok", 30, [sys.executable, "-c", write, "{out}/result.json"], [])
+    record = gpu_check.run_step(ok, False, tmp_path, {}, deadline=1e12)
+    assert record["status"] == "ok" and record["result"] == {"x": 1}
+    slow = gpu_check.Step("slow", 21, [sys.executable, "-c", "import time; time.sleep(60)"], [])
+    record = gpu_check.run_step(slow, False, tmp_path, {}, deadline=1e12)
+    assert record["status"] == "failed: over its 21 s budget"
+    import time
+
+    late = gpu_check.run_step(ok, False, tmp_path, {}, deadline=time.monotonic() + 5)
+    assert late["status"].startswith("not run:") and "seconds" not in late
+    fails = gpu_check.Step("fails", 30, [sys.executable, "-c", "raise SystemExit(3)"], [])
+    assert gpu_check.run_step(fails, False, tmp_path, {}, 1e12)["status"] == "failed: exit 3"
+
+
+def test_headline_ratios_from_the_steps() -> None:
+    figures = {
+        "proxy": {"result": {"bf16_mixed": {"tokens_per_s": 1150.0, "mfu": 0.55}}},
+        "torchtitan_eager": {"result": {"tokens_per_s": 1000.0}},
+        "memory": {"result": {"dense": {"ratio_to_allocated": 1.05}, "llava": {"error": "x"}}},
+        "async_save": {"result": {"overhead_s_per_save": 0.2, "resume_exact": True}},
+    }
+    h = gpu_check.headline(figures)
+    assert h["ours_over_torchtitan_eager"] == pytest.approx(1.15)
+    assert h["ours_over_torchtitan_compile"] is None
+    assert h["proxy_mfu"] == 0.55 and h["resume_exact"] is True
+    assert h["memory_predicted_over_measured"] == {"dense": 1.05, "llava": None}
+    # The attention step takes the proxy's step time from the proxy step's result.
+    figures["proxy"]["result"]["bf16_mixed"]["step_time_s"] = 2.5
+    attention = next(s for s in gpu_check.STEPS if s.name == "attention")
+    assert "2.5" in gpu_check.command(attention, False, Path("/x"), figures)
+
+
+def test_junit_summary_lists_skips_with_reasons(tmp_path: Path) -> None:
+    xml = tmp_path / "junit.xml"
+    xml.write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a"/>'
+        '<testcase classname="t" name="b"><skipped message="needs 2 GPUs"/></testcase>'
+        '<testcase classname="t" name="c"><failure message="boom"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    summary = gpu_check.junit_summary(xml)
+    assert summary["passed"] == ["t::a"] and summary["failed"] == ["t::c"]
+    assert summary["skip_reasons"] == {"t::b": "needs 2 GPUs"}
