@@ -301,6 +301,10 @@ def nemo_executor(job: SlurmJob) -> Any:
     NeMo-Run renders and submits it with its own template (which writes environment values into
     the script, so export secrets in your shell rather than passing them in env_vars). Only the
     pyxis kind exists in NeMo-Run; the other two are rendered by `launchers.sbatch` alone.
+    With resilience.ft_launcher the launcher is NeMo-Run's FaultTolerance (ft_launcher, restarting
+    failed ranks up to resilience.max_requeues times in the job) and the executor's `retries`,
+    which NeMo-Run's fault-tolerance script requeues the job by, is resilience.max_requeues;
+    NeMo-Run's torchrun script has no requeue of its own.
     """
     check_job(job)
     if job.kind != "slurm":
@@ -335,5 +339,10 @@ def nemo_executor(job: SlurmJob) -> Any:
         # No --signal: NeMo-Run's torchrun would die of USR1; train.exit_duration_minutes stops
         # the run before the wall time instead (slurm_job sets it from the profile).
         tunnel=run.LocalTunnel(job_dir=job.job_dir),
-        launcher="torchrun",
+        launcher=(
+            run.FaultTolerance(max_restarts=job.max_requeues, rdzv_port=p.rdzv_port)
+            if job.ft_launcher
+            else "torchrun"
+        ),
+        retries=job.max_requeues if job.ft_launcher else 0,
     )

@@ -19,7 +19,7 @@ from config.tree import ConfigError, differences, to_dict
 from launchers.profile import from_toml
 from launchers.resume import check_resume
 from launchers.sbatch import render
-from launchers.slurm import SlurmJob, sbatch_options, slurm_job
+from launchers.slurm import SlurmJob, nemo_executor, sbatch_options, slurm_job
 from recipes.registry import resolve
 from tests.golden_sbatch import golden_script
 from training import checkpoint_dirs as dirs
@@ -391,3 +391,45 @@ def test_ft_launcher_missing_in_the_image_stops_without_requeue(tmp_path: Path) 
     code, out = run_job(tmp_path, text, srun_exit=127, restarts=0)
     assert code == 127 and scontrol_calls(tmp_path) == [], out
     assert "resilience.ft_launcher=false" in out
+
+
+def test_nemo_run_executor_uses_its_fault_tolerance_launcher(tmp_path: Path) -> None:
+    profile = from_toml(
+        {"executor": "slurm", "container_image": "img.sqsh", "mounts": [f"{tmp_path}:/data"]}
+    )
+    for overrides, launcher, retries in (
+        (["resilience.ft_launcher=true", "resilience.max_requeues=2"], "FaultTolerance", 2),
+        ([], "torchrun", 0),
+    ):
+        _, cfg = resolve("tiny_gpt_pretrain", overrides)
+        _, job = slurm_job(
+            cfg, profile, nodes=1, procs_per_node=2, run_dir=str(tmp_path / "r"), user_env={}
+        )
+        executor = nemo_executor(job)
+        kind = executor.launcher if isinstance(executor.launcher, str) else None
+        assert (kind or type(executor.launcher).__name__) == launcher
+        assert executor.retries == retries
+        if launcher == "FaultTolerance":
+            assert executor.launcher.max_restarts == 2
+
+
+# --- the timer of the waits ----------------------------------------------------------------------
+def test_sync_timer_adds_up_waits_and_counts_a_nested_one_once() -> None:
+    import torch
+
+    from training.straggler import SyncTimer
+
+    timer = SyncTimer(torch.device("cpu"))
+    inner = timer.wrap(lambda: time.sleep(0.05))
+
+    def outer_body() -> str:
+        inner()
+        time.sleep(0.05)
+        return "done"
+
+    outer = timer.wrap(outer_body)
+    assert outer() == "done"
+    inner()
+    waited = timer.take()
+    assert 0.15 <= waited < 0.3, waited  # 0.1 s outer (its inner call inside) + 0.05 s inner
+    assert timer.take() == 0.0
