@@ -196,6 +196,7 @@ class Trainer:
         while self.step < cfg.train.max_steps:
             if watchdog is not None:
                 watchdog.step_started()
+            self.straggler.sync.discard()  # waits timed since the last step (evaluation) do not count
             t0 = time.perf_counter()
             result = train_step(
                 self.forward,

@@ -102,6 +102,11 @@ class SyncTimer:
         finally:
             self._seconds += time.perf_counter() - t0
 
+    def discard(self) -> None:
+        """Forget what was timed so far (waits outside a training step, e.g. evaluation's),
+        without reading events that may not have completed."""
+        self._seconds, self._pairs = 0.0, []
+
     def take(self) -> float:
         seconds = self._seconds + sum(s.elapsed_time(e) for s, e in self._pairs) / 1000.0
         self._seconds, self._pairs = 0.0, []

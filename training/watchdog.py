@@ -63,8 +63,13 @@ class Watchdog:
         self.on_hang = on_hang or self._dump_and_exit
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._steps_seen = 0
-        self._phase = "start-up (before the first step)"
-        self._deadline = clock() + startup_seconds
+        # (what runs, its allowance, its deadline): one tuple, so the thread never reads a phase
+        # with another phase's deadline
+        self._state = (
+            "start-up (before the first step)",
+            startup_seconds,
+            clock() + startup_seconds,
+        )
         # Polls often enough to act within a few percent of the smallest allowance.
         self.poll_s = min(5.0, max(0.05, min(min_seconds, startup_seconds) / 20))
         self._started = time.time()  # wall clock: dumps older than this are an earlier job's
@@ -92,13 +97,14 @@ class Watchdog:
         )
 
     def _set(self, phase: str, allowance: float) -> None:
-        self._phase, self._deadline = phase, self.clock() + allowance
+        self._state = (phase, allowance, self.clock() + allowance)
 
     def overdue(self, now: float) -> str | None:
         """What has made no progress, and for how long, if the deadline has passed."""
-        if now <= self._deadline:
+        phase, allowance, deadline = self._state
+        if now <= deadline:
             return None
-        return f"no progress in {self._phase} past its deadline ({self._describe()})"
+        return f"no progress in {phase} for {allowance:g} s ({self._describe()})"
 
     def _describe(self) -> str:
         slowest = max(self.recent, default=None)
