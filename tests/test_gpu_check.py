@@ -275,3 +275,30 @@ def test_junit_summary_lists_skips_with_reasons(tmp_path: Path) -> None:
     summary = gpu_check.junit_summary(xml)
     assert summary["passed"] == ["t::a"] and summary["failed"] == ["t::c"]
     assert summary["skip_reasons"] == {"t::b": "needs 2 GPUs"}
+
+
+# --- the torch floor ---------------------------------------------------------------------------
+
+
+def test_the_torch_floor_is_one_line_that_the_container_check_enforces() -> None:
+    """pyproject.toml states the floor once; containers/check_base.py (the Dockerfile's check)
+    refuses an older NGC torch build by that line, and the GPU machines' 2.11 passes."""
+    sys.path.insert(0, str(REPO / "containers"))
+    import check_base
+
+    pyproject = REPO / "pyproject.toml"
+    floor = check_base.torch_requirement(pyproject)
+    assert str(floor.specifier) == ">=2.11"
+    assert check_base.problem((3, 12), "2.11.0+cu130", pyproject) is None
+    assert check_base.problem((3, 12), "2.11.0a0+ebd3f52", pyproject) is None  # NGC's tag
+    refused = check_base.problem((3, 12), "2.10.0a0+5228986", pyproject)
+    assert refused is not None and "torch>=2.11" in refused and "2.10.0a0" in refused
+    assert "3.12" in (check_base.problem((3, 11), "2.14.1", pyproject) or "")
+    dockerfile = (REPO / "containers" / "Dockerfile").read_text()
+    assert "check_base.py pyproject.toml" in dockerfile and "COPY config config" in dockerfile
+    assert "2.1" not in dockerfile.split("ARG BASE_IMAGE")[0], "the floor is stated in one place"
+    # The environment the tests run in meets it too.
+    import torch
+    from packaging.version import Version
+
+    assert floor.specifier.contains(Version(Version(torch.__version__).base_version))
