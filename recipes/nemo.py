@@ -7,25 +7,27 @@ The catalog builds plain `TrainingConfig` dataclasses (no torch, no NeMo-Run: `l
 it back. Nothing else converts between the two worlds.
 
 What `recipes run` does before launching (recipes/launch.py `prepare`: the checker, the input
-files, the run directory, the resume check, the environment plan) is the `Checks` plugin here, so
-that `run.run` and `run.Experiment` refuse an invalid config with the same message, naming the
-field, before anything starts. `run` and `Experiment` below attach it by default; `executor` builds
-the executor `recipes run` would use from a cluster profile:
+files, the run directory, the resume check, the environment plan) is the `Checks` plugin here.
+Importing this module attaches it to NeMo-Run's `Experiment.add` for every recipe partial, so that
+`run.run(partial(...), executor=...)` and `run.Experiment` refuse an invalid config with the same
+message, naming the field, before anything starts (`run.run` without an executor calls the function
+in this process, without plugins: `run` below defaults to the local executor instead). `executor`
+builds the executor `recipes run` would use from a cluster profile:
 
-    import nemo_run as nr
     import recipes.nemo as rn
 
-    if __name__ == "__main__":  # every rank imports this script again: launch only from the top
+    if __name__ == "__main__":  # the launch runs the script's module again: launch only from the top
         task = rn.partial("tiny_gpt_pretrain", ["train.max_steps=20"])
         rn.run(task, executor=rn.executor(gpus_per_node=2, device="cpu"))
 
-`nemo recipes pretrain --factory RECIPE [OVERRIDES...]` is the same through NeMo-Run's own CLI
-(recipes/nemo_cli.py).
+`nemo recipes pretrain --factory RECIPE [OVERRIDES...]` is the same through NeMo-Run's own CLI (the
+entry point at the end of this module, found through pyproject's `nemo_run.cli` group).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import sys
@@ -231,7 +233,7 @@ def profile_of(executor: nr.Executor) -> Profile | None:
 
 def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> Cluster:
     """Nodes and processes from the executor; the GPU kind from `gpu`, else the profile's, else the
-    recipe's published one; the CPU when train.device is cpu."""
+    recipe's published one (the CPU for a recipe published there); the CPU when train.device is."""
     nodes = getattr(executor, "nodes", 1)
     per_node = getattr(executor, "ntasks_per_node", 1)
     if cfg.train.device == "cpu":
@@ -239,7 +241,9 @@ def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> C
     profile = profile_of(executor)
     published = all_recipes().get(cfg.name)
     kind = gpu or (profile.gpu if profile else None) or (published and published.cluster.gpu)
-    if not kind or kind == "cpu":
+    if kind == "cpu":  # a recipe published for the CPU: the CPU mode, as `recipes run` does
+        return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
+    if not kind:
         raise ConfigError(
             [
                 (
@@ -264,9 +268,10 @@ class Checks(nr.Plugin):
     """
 
     gpu: str | None = None  # GPU kind to check against; default: the profile's, else the recipe's
+    applied: bool = False  # the task is already checked and completed (nemo recipes pretrain)
 
     def setup(self, task: Any, executor: nr.Executor) -> None:
-        if not is_recipe(task):
+        if self.applied or not is_recipe(task):
             return
         from recipes.launch import check_local, prepare
 
@@ -275,6 +280,8 @@ class Checks(nr.Plugin):
         if device:
             cfg.train.device = device
         cluster = cluster_of(cfg, executor, self.gpu)
+        if cluster.gpu == "cpu":
+            cfg.train.device = "cpu"  # gloo, no FP8, no memory limit to check
         profile = profile_of(executor)
         if profile is None:  # no launcher of ours: the checker only
             from recipes.check import check, render
@@ -347,18 +354,33 @@ def _default_executor(task: nr.Partial) -> nr.Executor:
     return executor(gpus_per_node=per_node)
 
 
-class Experiment(nr.Experiment):
-    """`run.Experiment` whose `add` attaches the Checks plugin to every recipe partial."""
+def _add_with_checks(add: Any) -> Any:
+    """NeMo-Run's `Experiment.add` (which `run.run` calls too), attaching the Checks plugin to
+    every recipe partial: importing this module, which `partial` lives in, is enough."""
 
-    def add(
-        self, task: Any, executor: Any = None, name: str = "", plugins: Any = None, **kw: Any
+    @functools.wraps(add)
+    def checked_add(
+        self: nr.Experiment,
+        task: Any,
+        executor: Any = None,
+        name: str = "",
+        plugins: Any = None,
+        **kw: Any,
     ) -> str:
         tasks = task if isinstance(task, list) else [task]
         if any(is_recipe(t) for t in tasks):
             plugins = with_checks(plugins)
             if not name and not isinstance(task, list):
                 name = from_partial(task).name  # the task's name: the recipe's, not the function's
-        return super().add(task, executor=executor, name=name, plugins=plugins, **kw)
+        return add(self, task, executor=executor, name=name, plugins=plugins, **kw)
+
+    checked_add.attaches_checks = True
+    return checked_add
+
+
+if not getattr(nr.Experiment.add, "attaches_checks", False):
+    nr.Experiment.add = _add_with_checks(nr.Experiment.add)
+Experiment = nr.Experiment  # `recipes.nemo.Experiment` is NeMo-Run's, with the checks attached
 
 
 def register_factories() -> None:
@@ -449,7 +471,7 @@ class RecipeRunContext(nr.cli.RunContext):
                 print(f"  {field}: {message}", file=sys.stderr)
             sys.exit(2)
         name = self.name if self.name != "pretrain" else task.config.name
-        plugins = list(self.plugins or [])
+        plugins = [*(self.plugins or []), Checks(applied=True)]  # checked above, once
         if self.dryrun:
             nr.run(task, executor=ex, plugins=plugins, name=name, dryrun=True)
             print("dry run: checked, nothing launched")

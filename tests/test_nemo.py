@@ -96,12 +96,12 @@ def test_run_refuses_an_invalid_recipe_before_launch(
     with pytest.raises(Refused, match="parallel.tensor_model_parallel_size") as refused:
         rn.run(rn.partial("tiny_gpt_pretrain", BAD_TP), executor=cpu_executor(), dryrun=True)
     assert refused.value.exit_code == 2
-    # plain NeMo-Run with the plugin, and plain run.Experiment through ours: the same refusal
+    # plain NeMo-Run, without naming the plugin: run.run and run.Experiment refuse it the same way
+    plain = run.LocalExecutor(ntasks_per_node=2, launcher="torchrun")
     with pytest.raises(Refused, match="parallel.tensor_model_parallel_size"):
-        task = rn.partial("tiny_gpt_pretrain", BAD_TP)
-        run.run(task, executor=cpu_executor(), plugins=[rn.Checks()], dryrun=True)
+        run.run(rn.partial("tiny_gpt_pretrain", BAD_TP), executor=plain, dryrun=True)
     with pytest.raises(Refused, match="parallel.tensor_model_parallel_size"):
-        with rn.Experiment("t", executor=cpu_executor()) as exp:
+        with run.Experiment("t", executor=cpu_executor()) as exp:
             exp.add(rn.partial("tiny_gpt_pretrain", BAD_TP))
     assert not (tmp_path / "runs").exists()
 
@@ -242,3 +242,24 @@ def test_run_cli_main_help_does_not_crash(tmp_path: Path) -> None:
         env=env,
     )
     assert out.returncode == 0 and "config" in out.stdout, out.stderr[-2000:]
+
+
+def test_readme_python_snippet_runs_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's snippet, as written, under its guard (launched as a dry run here)."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "recipes.nemo" in b]
+    assert 'if __name__ == "__main__":' in snippet and 'device="cpu"' in snippet
+    launched, real = [], run.run
+
+    def dry(*args: object, **kw: object) -> None:
+        launched.append(kw)
+        real(*args, **{**kw, "dryrun": True})
+
+    monkeypatch.setattr(rn.nr, "run", dry)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md", "exec"), {"__name__": "__main__"})
+    assert launched and isinstance(launched[0]["executor"], run.LocalExecutor)
