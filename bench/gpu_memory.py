@@ -151,10 +151,11 @@ def predict(cfg: TrainingConfig, gpu: str) -> dict[str, Any]:
 
 
 def compare(predicted: float | None, measured: dict[str, float | None]) -> dict[str, Any]:
-    """predicted / measured for allocated and reserved peaks; `within_goal` on allocated."""
-    allocated, reserved = measured.get("peak_allocated_gib"), measured.get("peak_reserved_gib")
+    """predicted / measured for the allocated and reserved peaks and the device's use at the end
+    (CUDA context included); `within_goal` on allocated, the tensors the estimate counts."""
     out: dict[str, Any] = {"predicted_gib": predicted, **measured}
-    for key, value in (("allocated", allocated), ("reserved", reserved)):
+    for key in ("allocated", "reserved", "device_used"):
+        value = measured.get(f"peak_{key}_gib", measured.get(f"{key}_gib"))
         ok = predicted is not None and value is not None and value > 0
         out[f"ratio_to_{key}"] = predicted / value if ok else None
     ratio = out["ratio_to_allocated"]
@@ -213,7 +214,7 @@ def run_shapes(
                 continue
             config = write_yaml(cfg, out / f"{shape.name}.yaml")
             measured = measure(config, out / f"{shape.name}.probe.json", left - 10)
-            figures = {k: v for k, v in measured.items() if k.startswith("peak_")}
+            figures = {k: v for k, v in measured.items() if k.endswith("_gib")}
             results[shape.name] = {
                 "recipe": shape.recipe,
                 "overrides": list(shape.overrides),

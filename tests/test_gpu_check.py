@@ -184,9 +184,11 @@ def test_every_memory_shape_is_a_valid_one_gpu_config_that_fits_an_h100(tmp_path
 
 
 def test_memory_comparison_ratios_and_goal() -> None:
-    close = gpu_memory.compare(10.0, {"peak_allocated_gib": 9.5, "peak_reserved_gib": 12.5})
+    measured = {"peak_allocated_gib": 9.5, "peak_reserved_gib": 12.5, "device_used_gib": 13.0}
+    close = gpu_memory.compare(10.0, measured)
     assert close["ratio_to_allocated"] == pytest.approx(10 / 9.5)
     assert close["ratio_to_reserved"] == pytest.approx(0.8)
+    assert close["ratio_to_device_used"] == pytest.approx(10 / 13)
     assert close["within_goal"] is True
     far = gpu_memory.compare(10.0, {"peak_allocated_gib": 8.0, "peak_reserved_gib": 9.0})
     assert far["within_goal"] is False
