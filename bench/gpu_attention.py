@@ -98,6 +98,24 @@ def time_module(module: Any, args: argparse.Namespace) -> float:
     return statistics.median(times)
 
 
+def agreement(pair: dict[str, Any], args: argparse.Namespace) -> float:
+    """Largest difference between the two outputs on the same inputs (both BF16)."""
+    import torch
+
+    torch.manual_seed(0)
+    shape = (args.seq, 1, args.heads, args.head_dim)
+    q = torch.randn(*shape, device=args.device, dtype=torch.bfloat16)
+    k, v = (
+        torch.randn(
+            *shape[:2], args.groups, args.head_dim, device=args.device, dtype=torch.bfloat16
+        )
+        for _ in "kv"
+    )
+    with torch.no_grad():
+        outs = [pair[name](q, k, v, None).float() for name in ("sdpa", "local")]
+    return (outs[0] - outs[1]).abs().max().item()
+
+
 def shares(times: dict[str, float], step_s: float | None, layers: int, micro: int) -> dict:
     """Each attention's share of the step: measured with SDPA, and what the local one would take
     (the step with SDPA's time swapped for the local time)."""
@@ -129,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     init_single_process(args.device)
-    times = {name: time_module(m, args) for name, m in modules(args).items()}
+    pair = modules(args)
+    times = {name: time_module(m, args) for name, m in pair.items()}
     result = {
         "seq": args.seq,
         "device": args.device,
+        "max_abs_diff": agreement(pair, args),
         "sdpa_fwd_bwd_s": times["sdpa"],
         "local_fwd_bwd_s": times["local"],
         "local_over_sdpa": times["local"] / times["sdpa"],
