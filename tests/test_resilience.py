@@ -192,9 +192,9 @@ def test_a_hung_process_dumps_its_stacks_and_exits(tmp_path: Path) -> None:
     assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
 
 
-def test_a_peer_dump_makes_every_rank_dump(tmp_path: Path) -> None:
+def test_a_peer_dump_makes_every_stuck_rank_dump(tmp_path: Path) -> None:
     seen: list[str] = []
-    w = Watchdog(1, tmp_path, min_seconds=600, factor=10, startup_seconds=600, on_hang=seen.append)
+    w = Watchdog(1, tmp_path, min_seconds=0.4, factor=10, startup_seconds=600, on_hang=seen.append)
     w.folder.mkdir(parents=True)
     (w.folder / "rank0.txt").write_text("rank 0's stacks")
     w.start()
@@ -204,6 +204,18 @@ def test_a_peer_dump_makes_every_rank_dump(tmp_path: Path) -> None:
         time.sleep(0.1)
     w.stop()
     assert seen and "another rank's watchdog fired" in seen[0]
+
+
+def test_a_rank_that_makes_progress_does_not_look_for_peer_dumps(tmp_path: Path) -> None:
+    clock = Clock()
+    w = Watchdog(1, tmp_path, min_seconds=10, factor=4, startup_seconds=100, clock=clock)
+    w.step_started()
+    clock.now += 4
+    assert w.stuck_for(clock()) == 4 < w.min_seconds / 2  # no stat of the shared folder yet
+    clock.now += 2
+    assert w.stuck_for(clock()) == 6 > w.min_seconds / 2
+    w.step_ended(6.0)
+    assert w.stuck_for(clock()) == 0
 
 
 def test_an_earlier_jobs_dump_is_not_a_peer(tmp_path: Path) -> None:

@@ -106,6 +106,11 @@ class Watchdog:
             return None
         return f"no progress in {phase} for {allowance:g} s ({self._describe()})"
 
+    def stuck_for(self, now: float) -> float:
+        """Seconds since the deadline last moved (the last step boundary)."""
+        _, allowance, deadline = self._state
+        return now - (deadline - allowance)
+
     def _describe(self) -> str:
         slowest = max(self.recent, default=None)
         recent = f"slowest recent step {slowest:.2f} s" if slowest is not None else "no step timed"
@@ -127,8 +132,11 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            why = self.overdue(self.clock())
-            if why is None and self._peer_dumped():
+            now = self.clock()
+            why = self.overdue(now)
+            # Only a rank that is stuck itself looks for a peer's dump: one stat of a shared
+            # folder per poll and rank would load a parallel filesystem's metadata server.
+            if why is None and self.stuck_for(now) > self.min_seconds / 2 and self._peer_dumped():
                 why = f"another rank's watchdog fired (its stacks are in {self.folder})"
             if why is not None:
                 self.on_hang(why)
