@@ -2,13 +2,14 @@
 
 A shrunk recipe keeps its parallel layout (TP, PP with virtual stages, CP, SP, EP), its precision,
 its MoE / MLA / MTP features and its data settings, and replaces the sizes: 2 layers per pipeline
-chunk, hidden 64, a short sequence and a small vocabulary. `fit_to_world` then scales the layout
-down to the processes at hand (a 1024-GPU recipe on 4 CPU processes), halving the largest sizes
-first and recording every change, so the run says what it is really exercising.
+chunk, hidden 64, a short sequence and a small vocabulary, from random weights (full-size ones do
+not fit: `checkpoint.pretrained_dir` is dropped). `fit_to_world` then scales the layout down to
+the processes at hand (a 1024-GPU recipe on 4 CPU processes), halving the largest sizes first and
+recording every change, so the run says what it is really exercising.
 
 On the CPU, `cpu_substitutes` first replaces what only a GPU runs (context parallel, FP8/FP4, the
-alltoall and flex MoE dispatchers) with what the CPU mode runs (training/cpu_mode.py), and says
-so; sequence parallel, TP, PP, DP and EP stay as the recipe has them."""
+alltoall and flex MoE dispatchers, LLaVA's sequence parallel) with what the CPU mode runs
+(training/cpu_mode.py), and says so; TP, SP, PP, DP and EP otherwise stay as the recipe has them."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
         1 if cfg.scheduler.decay_style == "wsd" else cfg.scheduler.wsd_decay_steps
     )
     cfg.checkpoint.save_interval = max(1, cfg.checkpoint.save_interval)
+    # Full-size weights do not fit the shrunk model: SFT, LoRA and stage-2 recipes start afresh.
+    cfg.checkpoint.pretrained_dir = None
     return cfg
 
 
@@ -133,6 +136,7 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
     What changes only how the same thing is computed, and what changes the computation:
     - the MoE token dispatcher: all-gathers move the same tokens to the same experts;
     - context parallel: the whole sequence on each rank (same model and loss, more memory);
+    - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
     - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16).
     The checker's `cpu` rule (config/rules/precision.py) refuses the same features without
     --shrink, when the user asked for the CPU with a layout of their own.
@@ -150,6 +154,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "needs Transformer Engine's attention on a GPU)"
         )
         par.context_parallel_size = 1
+    if model.arch == "llava" and par.sequence_parallel:
+        changes.append(
+            "parallel.sequence_parallel: True -> False (Megatron-Core's LLaVA model runs sequence "
+            "parallel only with Transformer Engine's attention)"
+        )
+        par.sequence_parallel = False
     preset = PRESETS.get(cfg.precision)
     if preset is not None and preset.fp8_recipe is not None:
         fmt = "FP4" if preset.fp8_recipe == "nvfp4" else "FP8"

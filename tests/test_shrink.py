@@ -131,3 +131,14 @@ def test_run_prints_each_substitute(tmp_path: Path) -> None:
         "with Transformer Engine)",
     ]
     assert "sequence_parallel" not in "\n".join(lines)
+
+
+def test_llava_turns_sequence_parallel_off() -> None:
+    """Megatron-Core's LLaVAModel asserts TE's attention under SP: the one SP the CPU cannot run."""
+    cfg = shrunk("llava_llama3_8b_pretrain")
+    assert any(p.startswith("parallel.sequence_parallel:") for p in problems(cfg))
+    assert cpu_substitutes(cfg) == [
+        "parallel.sequence_parallel: True -> False (Megatron-Core's LLaVA model runs sequence "
+        "parallel only with Transformer Engine's attention)"
+    ]
+    assert cfg.parallel.tensor_model_parallel_size == 4

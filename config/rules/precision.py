@@ -86,6 +86,14 @@ def cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 f"context parallel (Transformer Engine's attention) {why}; use 1",
             )
         )
+    if cfg.model.arch == "llava" and par.sequence_parallel:
+        out.append(
+            Problem(
+                "parallel.sequence_parallel",
+                "sequence parallel in arch 'llava' needs Transformer Engine's attention (Megatron-"
+                "Core's LLaVA model asserts it), so a GPU; use false",
+            )
+        )
     if cfg.model.num_moe_experts and cfg.model.moe_token_dispatcher_type != "allgather":
         out.append(
             Problem(
