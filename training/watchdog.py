@@ -13,8 +13,9 @@ Past the deadline the rank writes every thread's Python stack (faulthandler) to 
 <run_dir>/hang/<job>/rank<N>.txt, and ends with `os._exit(HANG_EXIT_CODE)`: no cleanup can run
 while a collective holds the main thread, and a non-zero exit makes torchrun stop the other ranks
 (and the sbatch script requeue the job). Before it exits it waits a few polls, and every other
-rank's watchdog that sees the dump folder dumps its own stacks too: the rank that hangs is rarely
-the one whose deadline passes first (the others wait for it in the next step's collective).
+rank's watchdog that sees the dump folder (looked for once a rank has itself made no progress for
+half of hang_min_seconds) dumps its own stacks too: the rank that hangs is rarely the one whose
+deadline passes first (the others wait for it in the next step's collective).
 """
 
 from __future__ import annotations
