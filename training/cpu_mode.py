@@ -25,8 +25,9 @@ on GPUs):
    on GPUs: the same torch norm, its parameters marked `sequence_parallel`, which
    `finalize_model_grads` all-reduces over the TP group (`_sequence_parallel_norm`). The SP
    collectives themselves (all_gather_into_tensor, reduce_scatter_tensor, sync and async, FP32
-   and BF16) are gloo's own (measured with torch 2.14): Megatron-Core's SP code path runs as is.
-   tests/smoke/test_sp_cpu.py holds it to TP without SP.
+   and BF16) are gloo's own since torch 2.3 (its reduce_scatter_tensor is an all-reduce and this
+   rank's chunk; pytorch#112144, #118911; measured with torch 2.14), so Megatron-Core's SP code
+   path runs as is. tests/smoke/test_sp_cpu.py holds it to TP without SP.
 
 What still needs a GPU (see config/rules/precision.py `cpu`; `--shrink` replaces them, see
 recipes/shrink.py `cpu_substitutes`): context parallel, the alltoall and flex MoE dispatchers and
