@@ -4,9 +4,9 @@
 it cannot see what only the compute nodes have: a path inside the container image, a node-local
 filesystem (/raid), a mount the login node lacks. In the job, srun's one task per node runs
 
-    python -m launchers.preflight --config <run dir>/config.yaml
+    python -m launchers.preflight <torchrun's arguments, among them --config <run dir>/config.yaml>
 
-first, where the ranks will run and with their view of the paths (inside the container, from
+first (launchers/slurm.py NODE_WRAPPER), where the ranks will run and with their view of the paths (inside the container, from
 their working directory). A problem is printed once per node, naming the field, the path and the
 node, and the node's task exits 2 before any rank starts: no traceback per rank, no rendezvous
 left waiting. Torch-free: it costs the job a second, not a model import.
@@ -28,9 +28,11 @@ EXIT_INVALID = 2  # as `recipes check`: the config cannot run as given
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`--config PATH`; other arguments are ignored, so that the Slurm job can hand over torchrun's
+    whole command line (launchers/slurm.py NODE_WRAPPER) and the config checked is the ranks'."""
     parser = argparse.ArgumentParser(prog="python -m launchers.preflight", description=__doc__)
     parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)
     try:
         cfg = load_config(args.config, [])
         # The ranks run here, with the paths as given: the local executor's view of them.

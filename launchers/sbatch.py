@@ -24,7 +24,15 @@ from pathlib import Path
 import jinja2
 
 from config.tree import ConfigError
-from launchers.slurm import Arg, Raw, SlurmJob, check_job, sbatch_options, srun_command
+from launchers.slurm import (
+    PREFLIGHT_EXIT,
+    Arg,
+    Raw,
+    SlurmJob,
+    check_job,
+    sbatch_options,
+    srun_command,
+)
 
 _TEMPLATES = Path(__file__).parent / "templates"
 
@@ -70,7 +78,12 @@ def render(job: SlurmJob) -> str:
     """The sbatch script of `job`; ConfigError for values no script can carry."""
     check_job(job)
     template = _environment().get_template("sbatch.sh.j2")
-    return template.render(job=job, options=sbatch_options(job), srun=shell_join(srun_command(job)))
+    return template.render(
+        job=job,
+        options=sbatch_options(job),
+        srun=shell_join(srun_command(job)),
+        preflight_exit=PREFLIGHT_EXIT,
+    )
 
 
 def write(job: SlurmJob) -> Path:

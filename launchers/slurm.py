@@ -234,10 +234,17 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
     return opts
 
 
-# Slurm's --signal=USR1@T reaches every process of the step; torchrun would die of it (it handles
-# TERM, INT, HUP, QUIT only), so it starts with USR1 ignored. The ranks install their own handler
-# and receive the signal once, directly. (bash, not `env --ignore-signal`: RHEL 8's env lacks it.)
-IGNORE_USR1 = Raw("""bash -c 'trap "" USR1 && exec "$0" "$@"'""")
+# What runs on each node before its ranks, in srun's one task per node:
+# - Slurm's --signal=USR1@T reaches every process of the step; torchrun would die of it (it handles
+#   TERM, INT, HUP, QUIT only), so it starts with USR1 ignored. The ranks install their own handler
+#   and receive the signal once, directly. (bash, not `env --ignore-signal`: RHEL 8's env lacks it.)
+# - launchers/preflight.py checks the inputs where the ranks will run (the paths the login node could
+#   not see), reading --config from torchrun's own arguments; a problem ends the node's task with
+#   exit 2 (PREFLIGHT_EXIT) before any rank starts, and the job is not requeued for it.
+NODE_WRAPPER = Raw(
+    """bash -c 'trap "" USR1 && python -m launchers.preflight "$@" && exec "$0" "$@"'"""
+)
+PREFLIGHT_EXIT = 2
 
 
 def torchrun_command(job: SlurmJob) -> list[Arg]:
@@ -252,7 +259,7 @@ def torchrun_command(job: SlurmJob) -> list[Arg]:
         launcher = "torchrun"
         restarts = "--max-restarts=0"  # a failed rank fails the job; a requeue or chain resumes
     return [
-        (IGNORE_USR1, launcher),
+        (NODE_WRAPPER, launcher),
         f"--nnodes={job.nodes}",
         f"--nproc-per-node={job.procs_per_node}",
         "--rdzv-backend=c10d",
