@@ -266,6 +266,22 @@ def test_headline_ratios_from_the_steps() -> None:
     assert "2.5" in gpu_check.command(attention, False, Path("/x"), figures)
 
 
+def test_the_logs_tarball_leaves_checkpoints_and_data_behind() -> None:
+    import tarfile
+
+    def info(name: str, size: int = 10) -> tarfile.TarInfo:
+        member = tarfile.TarInfo(name)
+        member.size = size
+        return member
+
+    kept = ["g/memory/dense.probe.json", "g/proxy/log.txt", "g/a/run/metrics.jsonl"]
+    dropped = ["g/a/resume/checkpoints/iter_0000004/x.distcp", "g/memory/data_vlm_cuda/a.tar"]
+    dropped += ["g/proxy/huge.log"]
+    assert all(gpu_check.small_files(info(n)) is not None for n in kept)
+    sizes = {"g/proxy/huge.log": 5 * 2**20}
+    assert all(gpu_check.small_files(info(n, sizes.get(n, 10))) is None for n in dropped)
+
+
 def test_junit_summary_lists_skips_with_reasons(tmp_path: Path) -> None:
     xml = tmp_path / "junit.xml"
     xml.write_text(
