@@ -3,10 +3,13 @@
 The ranks run `python -m training.entry --config <run dir>/config.yaml` as a NeMo-Run
 `run.Script(..., m=True)` under NeMo-Run's torchrun launcher; they never import NeMo-Run. NeMo-Run
 keeps its experiment record (logs, status) under NEMORUN_HOME, which defaults to <run dir>/nemo_run
-so that a run's files stay together. `nemo experiment status|logs|cancel <id>` looks in the
+so that a run's files stay together. `nemo experiment status|logs <id>` looks in the
 NEMORUN_HOME of its own shell (~/.nemo_run unless exported), so the commands printed after a run
 carry `NEMORUN_HOME=<that folder>` whenever it differs; <run dir>/launch.json keeps the experiment
-id, that folder and the run's final state for `recipes runs`.
+id, that folder, this process's pid and host, and the run's final state for `recipes runs`.
+`nemo experiment cancel` cannot stop a local run from another shell (NeMo-Run 0.11's local
+scheduler keeps its processes in the memory of the process that started them: KeyError); SIGTERM
+to the pid in launch.json does, through the Forwarder below (save, then exit).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,15 +194,15 @@ def write_record(run_dir: Path, **fields: Any) -> None:
 
 
 def experiment_commands(exp_id: str, home: Path, user_env: Mapping[str, str]) -> list[str]:
-    """`nemo experiment status|logs|cancel` for this run, as they work from this shell: with
-    NEMORUN_HOME set in front unless the shell's own NEMORUN_HOME (or NeMo-Run's default) is it."""
+    """`nemo experiment status|logs` for this run, as they work from this shell: with NEMORUN_HOME
+    set in front unless the shell's own NEMORUN_HOME (or NeMo-Run's default) is it."""
     default = Path(user_env.get("NEMORUN_HOME") or "~/.nemo_run").expanduser()
     prefix = (
         "" if default.resolve() == home.resolve() else f"NEMORUN_HOME={shlex.quote(str(home))} "
     )
     return [
         f"{prefix}nemo experiment {verb} {exp_id}{' 0' if verb != 'status' else ''}"
-        for verb in ("status", "logs", "cancel")
+        for verb in ("status", "logs")
     ]
 
 
@@ -221,6 +225,8 @@ def run_local(executor: Any, script: Any, name: str, home: Path, run_dir: Path) 
                 executor="local",
                 experiment_id=exp._id,
                 nemorun_home=str(home),
+                pid=os.getpid(),  # SIGTERM stops the run: it saves, then exits
+                host=socket.gethostname(),
                 state="RUNNING",
             )
             exp.run(sequential=True, tail_logs=True)

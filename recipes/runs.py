@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +102,26 @@ def _state(folder: Path, launch: dict[str, Any], step: int | None, max_steps: in
     return "stopped"
 
 
-def how_to_follow(launch: dict[str, Any]) -> str:
-    """The command that shows a run's launcher records (NeMo-Run's, or Slurm's)."""
+def how_to_follow(launch: dict[str, Any], state: str) -> list[str]:
+    """Commands for a run's launcher records (NeMo-Run's, or Slurm's), and to stop a live one."""
+    lines = []
     if launch.get("experiment_id"):
         home = launch.get("nemorun_home")
         default = os.path.expanduser(os.environ.get("NEMORUN_HOME") or "~/.nemo_run")
-        prefix = (
-            f"NEMORUN_HOME={home} "
-            if home and os.path.abspath(home) != os.path.abspath(default)
-            else ""
-        )
-        return f"{prefix}nemo experiment logs {launch['experiment_id']} 0"
+        same = not home or os.path.abspath(home) == os.path.abspath(default)
+        prefix = "" if same else f"NEMORUN_HOME={shlex.quote(home)} "
+        lines.append(f"{prefix}nemo experiment logs {launch['experiment_id']} 0")
     if launch.get("job_ids"):
-        return f"sacct -j {','.join(launch['job_ids'])}"
-    return ""
+        ids = ",".join(launch["job_ids"])
+        lines.append(
+            f"sacct -j {ids}"
+            + (f"; stop: scancel {ids}" if state in ("running", "submitted") else "")
+        )
+    elif state == "running" and launch.get("pid"):
+        lines.append(
+            f"stop (saves, then exits): kill -TERM {launch['pid']} on {launch.get('host')}"
+        )
+    return lines
 
 
 def render(runs: list[dict[str, Any]]) -> str:
@@ -127,9 +134,7 @@ def render(runs: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['state']:<11} {r['recipe'] or '?'}  step {step}  loss {loss}  {r['run_dir']}"
         )
-        follow = how_to_follow(r["launch"])
-        if follow:
-            lines.append(f"            {follow}")
+        lines += [f"            {line}" for line in how_to_follow(r["launch"], r["state"])]
     return "\n".join(lines)
 
 

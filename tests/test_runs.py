@@ -16,7 +16,7 @@ from config.tree import write_yaml
 from launchers.local import experiment_commands, write_record
 from recipes.cli import main
 from recipes.registry import get
-from recipes.runs import run_dirs, summarize
+from recipes.runs import how_to_follow, run_dirs, summarize
 
 
 def make_run(root: Path, name: str, steps: int, max_steps: int = 6, **launch: object) -> Path:
@@ -54,7 +54,9 @@ def test_states_steps_and_losses(tmp_path: Path) -> None:
 
 
 def test_a_run_holding_its_checkpoint_lock_is_running(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path, "live", 2)
+    run_dir = make_run(
+        tmp_path, "live", 2, executor="local", pid=4242, host="node1", state="RUNNING"
+    )
     folder = run_dir / "checkpoints"
     folder.mkdir()
     lock = folder / ".run.lock"
@@ -73,6 +75,9 @@ def test_a_run_holding_its_checkpoint_lock_is_running(tmp_path: Path) -> None:
     try:
         assert holder.stdout.readline().strip() == "held"
         assert summarize(run_dir)["state"] == "running"
+        assert how_to_follow(summarize(run_dir)["launch"], "running") == [
+            "stop (saves, then exits): kill -TERM 4242 on node1"
+        ]
     finally:
         holder.kill()
         holder.wait()
@@ -93,9 +98,9 @@ def test_runs_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_experiment_commands_carry_the_records_home(tmp_path: Path) -> None:
     home = tmp_path / "run" / "nemo_run"
     home.mkdir(parents=True)
-    status, logs, cancel = experiment_commands("x_1", home, {})
+    status, logs = experiment_commands("x_1", home, {})
     assert status == f"NEMORUN_HOME={home} nemo experiment status x_1"
-    assert logs.endswith("nemo experiment logs x_1 0") and cancel.endswith("cancel x_1 0")
+    assert logs == f"NEMORUN_HOME={home} nemo experiment logs x_1 0"
     assert experiment_commands("x_1", home, {"NEMORUN_HOME": str(home)})[0] == (
         "nemo experiment status x_1"
     )
@@ -123,6 +128,16 @@ def test_printed_nemo_experiment_commands_work(tmp_path: Path) -> None:
         env=env | {"NEMORUN_HOME": words[0].split("=", 1)[1], "COLUMNS": "200"},
     )
     assert shown.returncode == 0 and "SUCCEEDED" in shown.stdout, shown.stdout + shown.stderr
+    logs = next(line.strip() for line in out.stdout.splitlines() if "experiment logs" in line)
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "nemo"), *shlex.split(logs)[2:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env | {"NEMORUN_HOME": words[0].split("=", 1)[1], "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0 and "step 6/6" in shown.stdout + shown.stderr  # logs: stderr
     listed = subprocess.run(
         [sys.executable, "-m", "recipes", "runs", "--json"],
         capture_output=True,
