@@ -389,7 +389,9 @@ def command(name: str, cfg: TrainingConfig, cluster: Cluster, user: list[str], p
     size = (
         f"--nodes {cluster.num_nodes} --gpus-per-node {cluster.gpus_per_node} --gpu {cluster.gpu}"
     )
-    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size])
+    # The local executor runs one node: several need Slurm (slurm-bare needs no cluster profile).
+    executor = ["--executor slurm-bare"] if cluster.num_nodes > 1 else []
+    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size, *executor])
 
 
 def render(
@@ -431,6 +433,12 @@ def render(
             "run the first with:",
             "  " + command(recipe_name, cfg, cluster, user, plans[0]),
         ]
+        if cluster.num_nodes > 1:
+            lines.insert(
+                -2,
+                "(slurm-bare runs this environment on the nodes; for a container use --executor "
+                "slurm --profile CLUSTER.toml, see launchers/profiles/)",
+            )
     else:
         lines += ["", "no layout fits; use more GPUs or GPUs with more memory"]
     return "\n".join(lines)

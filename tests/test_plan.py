@@ -163,7 +163,12 @@ def test_plan_prints_a_table_and_the_command_to_run_the_first(
     assert "tok/s/GPU" in out and "bottleneck" in out
     command = out.strip().splitlines()[-1].split()
     assert command[:4] == ["recipes", "run", "llama3_70b_pretrain", "train.global_batch_size=512"]
-    assert command[-6:] == ["--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100"]
+    # Eight nodes: the local executor runs one, so the command names a Slurm executor.
+    assert command[-8:] == [
+        "--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100", "--executor", "slurm-bare"
+    ]  # fmt: skip
+    assert main([*command[1:], "--dryrun"]) == 0
+    assert "dry run: nothing submitted" in capsys.readouterr().out
 
 
 def test_plan_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
