@@ -314,6 +314,7 @@ def test_the_torch_floor_is_one_line_that_the_container_check_enforces() -> None
     assert "3.12" in (check_base.problem((3, 11), "2.14.1", pyproject) or "")
     dockerfile = (REPO / "containers" / "Dockerfile").read_text()
     assert "check_base.py pyproject.toml" in dockerfile and "COPY config config" in dockerfile
+    assert "check_base.py pyproject.toml" in (REPO / "containers" / "recipes.def").read_text()
     assert "2.1" not in dockerfile.split("ARG BASE_IMAGE")[0], "the floor is stated in one place"
     # The environment the tests run in meets it too.
     import torch
