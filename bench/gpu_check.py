@@ -47,13 +47,13 @@ STEPS = [
     Step("env", 30, *[[PY, "bench/gpu_check_env.py", "{out}/result.json"]] * 2),
     Step(
         "proxy",
-        110,
+        100,
         [PY, "bench/gpu_llama3_8b_proxy.py", "--precision", "bf16_mixed", "--steps", "15"]
         + ["--layers", "{layers}", "--json", "{out}/result.json"],
         [PY, "bench/gpu_llama3_8b_proxy.py", "--precision", "bf16_mixed", "--steps", "3"]
         + ["--layers", "2", "--json", "{out}/result.json", "--cpu-dry-run"],
     ),
-    Step("torchtitan_eager", 80, [*TITAN, "--layers", "{layers}", "--steps", "12"], [*TITAN_CPU]),
+    Step("torchtitan_eager", 90, [*TITAN, "--layers", "{layers}", "--steps", "12"], [*TITAN_CPU]),
     Step(
         "torchtitan_compile",
         130,
@@ -77,13 +77,13 @@ STEPS = [
     ),
     Step(
         "async_save",
-        110,
+        150,
         [PY, "bench/gpu_async_save.py", "--out", "{out}"],
         [PY, "bench/gpu_async_save.py", "--out", "{out}", "--cpu-dry-run"],
     ),
     Step(
         "pytest",
-        200,
+        300,
         [PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"]
         + ["--junitxml", "{out}/junit.xml"],
         [PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"]
@@ -203,6 +203,8 @@ def summary(report: dict[str, Any]) -> str:
     lines += ["", "| step | status | seconds | command |", "|---|---|---|---|"]
     for name, r in report["steps"].items():
         lines.append(f"| {name} | {r.get('status')} | {r.get('seconds', '')} | `{r['command']}` |")
+    if late := [n for n, r in report["steps"].items() if "deadline" in r.get("status", "")]:
+        lines += ["", f'Not reached: GPU_CHECK_ARGS="--only {",".join(late)}" make gpu-check']
     return "\n".join(lines) + "\n"
 
 

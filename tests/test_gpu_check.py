@@ -321,3 +321,14 @@ def test_the_torch_floor_is_one_line_that_the_container_check_enforces() -> None
     from packaging.version import Version
 
     assert floor.specifier.contains(Version(Version(torch.__version__).base_version))
+
+
+def test_the_summary_names_the_command_for_the_steps_the_deadline_cut() -> None:
+    steps = {
+        "proxy": {"status": "ok", "seconds": 40.0, "command": "python proxy"},
+        "memory": {"status": "not run: 12 s left of the run's deadline", "command": "m"},
+        "pytest": {"status": "not run: 0 s left of the run's deadline", "command": "p"},
+    }
+    text = gpu_check.summary({"date": "d", "device": "H100", "headline": {}, "steps": steps})
+    assert '--only memory,pytest" make gpu-check' in text
+    assert "| proxy | ok | 40.0 | `python proxy` |" in text
