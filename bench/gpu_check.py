@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -119,22 +120,21 @@ def run_step(step: Step, cpu: bool, root: Path, figures: dict, deadline: float) 
         return record | {"status": f"not run: {left:.0f} s left of the run's deadline"}
     start = time.monotonic()
     log = out / "log.txt"
-    try:
-        with log.open("w") as f:
-            # On two shared cores a process's own thread pool only oversubscribes them.
-            env = os.environ | ({"OMP_NUM_THREADS": "1"} if cpu else {})
-            proc = subprocess.run(
-                cmd,
-                cwd=REPO,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=budget,
-                check=False,
-            )
-        status = "ok" if proc.returncode == 0 else f"failed: exit {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        status = f"failed: over its {budget:.0f} s budget"
+    # On two shared cores a process's own thread pool only oversubscribes them.
+    env = os.environ | ({"OMP_NUM_THREADS": "1"} if cpu else {})
+    with log.open("w") as f:
+        # Its own process group: a step over budget is ended with every process it started
+        # (torchrun's ranks would otherwise keep the GPU's memory from the next step).
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=budget)
+            status = "ok" if code == 0 else f"failed: exit {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = f"failed: over its {budget:.0f} s budget"
     record |= {"status": status, "seconds": round(time.monotonic() - start, 1)}
     for name in ("result.json", "memory.json", "async_save.json"):
         path = out / name

@@ -232,15 +232,38 @@ def test_async_save_overhead_and_attention_share_arithmetic() -> None:
 # --- the orchestrator --------------------------------------------------------------------------
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+
+
 def test_a_step_records_its_result_its_failure_or_that_it_had_no_time(tmp_path: Path) -> None:
     write = "import json,sys; json.dump(dict(x=1), open(sys.argv[1], 'w'))"
     ok = gpu_check.Step("ok", 30, [sys.executable, "-c", write, "{out}/result.json"], [])
     record = gpu_check.run_step(ok, False, tmp_path, {}, deadline=1e12)
     assert record["status"] == "ok" and record["result"] == {"x": 1}
-    slow = gpu_check.Step("slow", 21, [sys.executable, "-c", "import time; time.sleep(60)"], [])
+    # Over budget: the step ends with the processes it started (as torchrun's ranks).
+    spawn = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(120)"
+    )
+    slow = gpu_check.Step("slow", 21, [sys.executable, "-c", spawn, "{out}/child.pid"], [])
     record = gpu_check.run_step(slow, False, tmp_path, {}, deadline=1e12)
     assert record["status"] == "failed: over its 21 s budget"
     import time
+
+    child = int((tmp_path / "slow" / "child.pid").read_text())
+    for _ in range(50):  # killed: gone, or a zombie where nothing reaps orphans
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} outlived its budget")
 
     late = gpu_check.run_step(ok, False, tmp_path, {}, deadline=time.monotonic() + 5)
     assert late["status"].startswith("not run:") and "seconds" not in late
