@@ -107,14 +107,8 @@ def load(profile: str | Path | None) -> tuple[Profile, str | None]:
         return Profile(executor="local"), None
     path = os.path.abspath(os.path.expanduser(str(profile)))
     if shlex.quote(path) != path:  # NeMo-Run writes env_vars into its sbatch script unquoted
-        raise ConfigError(
-            [
-                (
-                    "--cluster",
-                    f"{path!r}: keep a profile at a path without spaces or shell characters",
-                )
-            ]
-        )
+        problem = f"{path!r}: keep a profile at a path without spaces or shell characters"
+        raise ConfigError([("--cluster", problem)])
     return load_profile(path), path
 
 
@@ -131,7 +125,12 @@ def executor(
     (launchers/profiles/): slurm (pyxis), slurm-apptainer (srun runs `apptainer exec`), slurm-bare
     (the profile's venv activated on every node), all NeMo-Run SlurmExecutors. Sizes come from the
     arguments, then the profile; `device="cpu"` runs the CPU smoke mode (gloo, no GPUs asked for).
-    Launch with `recipes.nemo.run` (or pass `plugins=[Checks()]`), which checks the recipe first.
+    Any `run.run` / `run.Experiment` of a recipe with it passes the Checks plugin first.
+
+    Not carried over: `reservation`, `sbatch_flags` and `nvlink_domain` (NeMo-Run's template has
+    no place for them: use `recipes run`). On this path NeMo-Run's own runner starts the ranks
+    from its job folder (<run_root>/nemo_run, or the profile's job_dir), so with Apptainer that
+    folder must be bound at the same path inside the container (a `host:host` mount).
     """
     prof, path = load(profile)
     if device not in (None, "cpu", "cuda"):

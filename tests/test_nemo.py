@@ -263,3 +263,35 @@ def test_readme_python_snippet_runs_checked(
     monkeypatch.chdir(tmp_path)
     exec(compile(snippet, "README.md", "exec"), {"__name__": "__main__"})
     assert launched and isinstance(launched[0]["executor"], run.LocalExecutor)
+
+
+@pytest.mark.smoke
+def test_nemo_run_python_path_trains_checked(tmp_path: Path) -> None:
+    """A script as the README writes it: plain `run.run` of a recipe partial on our executor
+    (2 CPU ranks) trains in the run directory the Checks plugin chose, with its config."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import nemo_run as run\nimport recipes.nemo as rn\n\n"
+        'if __name__ == "__main__":\n'
+        '    task = rn.partial("tiny_gpt_pretrain", ["train.max_steps=6", "logging.tensorboard=false"])\n'
+        '    run.run(task, executor=rn.executor(gpus_per_node=2, device="cpu"), name="tiny")\n'
+    )
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env |= {"NEMORUN_HOME": str(tmp_path / "nemo_run"), "MPLCONFIGDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (
+        run_dir.name.startswith("tiny_gpt_pretrain-") and f"run directory: {run_dir}" in out.stdout
+    )
+    from training.metrics import read_metrics
+
+    steps = [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")]
+    assert steps[-1] == 6 and (run_dir / "config.yaml").is_file()
