@@ -295,3 +295,23 @@ def test_nemo_run_python_path_trains_checked(tmp_path: Path) -> None:
 
     steps = [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")]
     assert steps[-1] == 6 and (run_dir / "config.yaml").is_file()
+
+
+def test_recipes_run_and_nemo_run_share_the_pre_launch_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One function, `recipes.launch.prepare`, holds the checks both paths run (no copy)."""
+    import recipes.launch as launch
+    from recipes.cli import main
+
+    seen, real = [], launch.prepare
+
+    def spy(cfg, cluster, profile, cwd=None):  # noqa: ANN001, ANN202
+        seen.append((cfg.name, cluster.gpu, profile.executor))
+        return real(cfg, cluster, profile, cwd)
+
+    monkeypatch.setattr(launch, "prepare", spy)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "tiny_gpt_pretrain", "train.max_steps=6", "--dryrun"]) == 0
+    rn.run(rn.partial("tiny_gpt_pretrain", ["train.max_steps=6"]), cpu_executor(), dryrun=True)
+    assert seen == [("tiny_gpt_pretrain", "cpu", "local")] * 2
