@@ -52,6 +52,17 @@ def prepare(
     this config (launchers/resume.py), before any config.yaml is written. ConfigError names the
     field of anything else.
     """
+    if profile.executor == "local" and cfg.resilience.ft_launcher:
+        raise ConfigError(
+            [
+                (
+                    "resilience.ft_launcher",
+                    "is true, but the local executor starts its ranks with torchrun; "
+                    "nvidia-resiliency-ext's ft_launcher runs on the Slurm executors. Set "
+                    "resilience.ft_launcher=false, or launch with --executor slurm",
+                )
+            ]
+        )
     report = check(cfg, cluster)
     on_cpu = cfg.train.device == "cpu"
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):

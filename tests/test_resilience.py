@@ -396,6 +396,19 @@ def test_ft_launcher_that_does_not_import_is_refused_before_launch(tmp_path: Pat
         ft_job(tmp_path / "b", fake_venv(tmp_path / "b", imports=True, launcher=False))
 
 
+def test_ft_launcher_on_the_local_executor_is_refused_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from recipes.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "tiny_gpt_pretrain", "resilience.ft_launcher=true", "--dryrun"])
+    assert code == 2
+    out = capsys.readouterr()
+    assert "resilience.ft_launcher" in out.err + out.out and "--executor slurm" in out.err + out.out
+    assert not (tmp_path / "runs").exists()
+
+
 def test_ft_launcher_missing_in_the_image_stops_without_requeue(tmp_path: Path) -> None:
     text = golden_script(
         "slurm.toml", "tiny_gpt_pretrain", 1, False, ("resilience.ft_launcher=true",)
