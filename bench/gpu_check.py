@@ -74,7 +74,7 @@ STEPS = [
         "memory",
         150,
         [PY, "bench/gpu_memory.py", "--out", "{out}", "--budget-s", "140"],
-        [PY, "bench/gpu_memory.py", "--out", "{out}", "--cpu-dry-run", "--shapes", "dense"],
+        [PY, "bench/gpu_memory.py", "--out", "{out}", "--cpu-dry-run"],
     ),
     Step(
         "async_save",
