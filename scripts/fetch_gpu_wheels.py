@@ -185,8 +185,10 @@ def tree_mib() -> float:
 
 def download(requirements: list[str], dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("*.whl"):  # one version of each: a stale pin would stop the install
-        if normalize(old.name.split("-")[0]) not in {r.split("==")[0] for r in requirements}:
+    wanted = {tuple(r.split("==")) for r in requirements}
+    for old in dest.glob("*.whl"):  # one version of each: a stale one would stop the install
+        name, version = old.name.split("-")[:2]
+        if (normalize(name), version) not in wanted:
             old.unlink()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest)]
     subprocess.run([*cmd, *PLATFORM_FLAGS, *requirements], check=True)
@@ -203,11 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(requirements))
         return 0
     files = download(requirements, args.dest)
-    files = [
-        f
-        for f in files
-        if normalize(f.name.split("-")[0]) in {r.split("==")[0] for r in requirements}
-    ]
     problems = wheel_problems(files, requirements)
     wheels, tree = size_mib(files), tree_mib()
     print(f"{len(files)} wheels, {wheels:.1f} MiB in {args.dest}; working tree {tree:.1f} MiB")
