@@ -27,7 +27,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_memory import ONE_GPU, measure_with_torchrun  # noqa: E402
 

@@ -18,8 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / "wheels" / "gpu"
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "scripts"))
+# Last on the path: the bench scripts' modules are found without shadowing any other module.
+sys.path += [str(REPO / "bench"), str(REPO / "scripts")]
 
 import fetch_gpu_wheels as fetch  # noqa: E402
 import gpu_async_save  # noqa: E402
@@ -324,7 +324,7 @@ def test_junit_summary_lists_skips_with_reasons(tmp_path: Path) -> None:
 def test_the_torch_floor_is_one_line_that_the_container_check_enforces() -> None:
     """pyproject.toml states the floor once; containers/check_base.py (the Dockerfile's check)
     refuses an older NGC torch build by that line, and the GPU machines' 2.11 passes."""
-    sys.path.insert(0, str(REPO / "containers"))
+    sys.path.append(str(REPO / "containers"))
     import check_base
 
     pyproject = REPO / "pyproject.toml"
