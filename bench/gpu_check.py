@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,9 +91,19 @@ STEPS = [
         [PY, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"]
         + ["--junitxml", "{out}/junit.xml"],
     ),
+    # The MFU figure at as many layers as the memory estimate fits (the proxy step uses LAYERS,
+    # the shape torchtitan can hold too).
+    Step(
+        "proxy_fit",
+        100,
+        [PY, "bench/gpu_llama3_8b_proxy.py", "--precision", "bf16_mixed", "--steps", "15"]
+        + ["--json", "{out}/result.json"],
+        [],
+    ),
 ]
 MIN_S = 20.0  # a step given less than this is not started
 CPU_SLOWER = 6  # the dry run's budgets: the GPU's times this
+GRACE_S = 10.0  # between a step's SIGINT at its budget and the SIGKILL
 
 
 def command(step: Step, cpu: bool, out: Path, figures: dict[str, Any]) -> list[str]:
@@ -112,7 +123,7 @@ def run_step(step: Step, cpu: bool, root: Path, figures: dict, deadline: float) 
     cmd = command(step, cpu, out, figures)
     left = deadline - time.monotonic()
     # Two shared CPU cores start Python, torch and Megatron-Core far slower than the GPU machine.
-    budget = min(step.budget_s * (CPU_SLOWER if cpu else 1), left)
+    budget = min(step.budget_s * (CPU_SLOWER if cpu else 1), left - GRACE_S)
     record: dict[str, Any] = {"command": " ".join(cmd)}
     if not cmd:
         return record | {"status": "not run: nothing to do on the CPU"}
@@ -126,15 +137,27 @@ def run_step(step: Step, cpu: bool, root: Path, figures: dict, deadline: float) 
         # Its own process group: a step over budget is ended with every process it started
         # (torchrun's ranks would otherwise keep the GPU's memory from the next step).
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
         )
         try:
             code = proc.wait(timeout=budget)
             status = "ok" if code == 0 else f"failed: exit {code}"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            # SIGINT first: pytest then writes its JUnit report of the tests done so far.
+            _signal_group(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
             status = f"failed: over its {budget:.0f} s budget"
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the step is left
+        proc.wait()
     record |= {"status": status, "seconds": round(time.monotonic() - start, 1)}
     for name in ("result.json", "memory.json", "async_save.json"):
         path = out / name
@@ -147,6 +170,19 @@ def run_step(step: Step, cpu: bool, root: Path, figures: dict, deadline: float) 
     return record
 
 
+def _default_sigint() -> None:
+    """In the step's process: SIGINT raises KeyboardInterrupt again (a shell's background job
+    inherits it ignored), so that the step can stop gracefully at its budget."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def junit_summary(path: Path) -> dict[str, Any]:
     """Passed / failed / skipped tests (with the skip reasons) from pytest's JUnit XML."""
     import xml.etree.ElementTree as ET
@@ -156,6 +192,8 @@ def junit_summary(path: Path) -> dict[str, Any]:
     cases: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
     reasons = {}
     for case in ET.parse(path).getroot().iter("testcase"):
+        if case.get("name") is None:  # the test a SIGINT at the budget interrupted
+            continue
         name = f"{case.get('classname')}::{case.get('name')}"
         if case.find("failure") is not None or case.find("error") is not None:
             cases["failed"].append(name)
@@ -192,6 +230,8 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
     out["memory_predicted_over_measured"] = {
         name: r.get("ratio_to_allocated") for name, r in memory.items() if isinstance(r, dict)
     }
+    out["proxy_fit_layers"] = get("proxy_fit", "bf16_mixed", "layers")
+    out["proxy_fit_mfu"] = get("proxy_fit", "bf16_mixed", "mfu")
     out["async_save_overhead_s_per_save"] = get("async_save", "overhead_s_per_save")
     out["resume_exact"] = get("async_save", "resume_exact")
     return out
@@ -240,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.md").write_text(summary(report))
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
         tar.add(work, arcname="gpu_check", filter=small_files)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
     print(summary(report))
     return 1 if any(r["status"].startswith("failed") for r in figures.values()) else 0
 
