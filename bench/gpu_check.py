@@ -4,8 +4,8 @@ Run by scripts/gpu_check.sh (`make gpu-check`), which first installs the carried
 folder on PYTHONPATH. Each STEP runs as a subprocess with its own time budget, cut to what is left
 of the whole run's deadline; a step that finds too little time is recorded as not run, with the
 command that runs it alone. Written under --out ($OUT on the lent machine, which sends back at most
-8 files): gpu_check.json (every figure), summary.md (the figures as BENCHMARKS.md rows) and
-logs.tar.gz (each step's log and JSON).
+8 files): gpu_check.json (every figure), summary.md (the headline figures, each step's status and
+command), logs.tar.gz (each step's log and JSON) and, from scripts/gpu_check.sh, console.log.
 
     python bench/gpu_check.py --out DIR [--only proxy,torchtitan_eager] [--deadline-s 540]
     python bench/gpu_check.py --out DIR --cpu-dry-run     # the plumbing, tiny shapes, on the CPU
