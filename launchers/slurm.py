@@ -10,16 +10,19 @@ In every kind srun starts one task per node, and that task is torchrun with the 
 (nvidia-resiliency-ext's `ft_launcher` with resilience.ft_launcher, which restarts failed ranks in
 the job up to resilience.max_requeues times); the c10d rendezvous runs on the first node of the
 allocation. A job whose training step fails requeues itself (`scontrol requeue`) while
-SLURM_RESTART_COUNT is below resilience.max_requeues; it resumes from the newest checkpoint. `launchers.sbatch` renders
-the job into a script; `nemo_executor` gives Python users the same pyxis job as a NeMo-Run
-`SlurmExecutor` for `run.run` / `run.Experiment`.
+SLURM_RESTART_COUNT is below resilience.max_requeues; it resumes from the newest checkpoint.
+`launchers.sbatch` renders the job into a script; `nemo_slurm_executor` gives Python users the same
+job, of any of the three kinds, as a NeMo-Run `SlurmExecutor` for `run.run` / `run.Experiment`
+(recipes/nemo.py `executor`), and `nemo_executor` that of a resolved job.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import re
+import shlex
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -302,54 +305,91 @@ def srun_command(job: SlurmJob) -> list[Arg]:
     return srun + torchrun_command(job)
 
 
-def nemo_executor(job: SlurmJob) -> Any:
-    """The same pyxis job as a NeMo-Run SlurmExecutor, for `run.run(recipes.nemo.partial(...))`.
-
-    NeMo-Run renders and submits it with its own template (which writes environment values into
-    the script, so export secrets in your shell rather than passing them in env_vars). Only the
-    pyxis kind exists in NeMo-Run; the other two are rendered by `launchers.sbatch` alone.
-    With resilience.ft_launcher the launcher is NeMo-Run's FaultTolerance (ft_launcher, restarting
-    failed ranks up to resilience.max_requeues times in the job) and the executor's `retries`,
-    which NeMo-Run's fault-tolerance script requeues the job by, is resilience.max_requeues;
-    NeMo-Run's torchrun script has no requeue of its own.
+def nemo_slurm_executor(
+    p: Profile,
+    nodes: int,
+    per_node: int,
+    device: str,
+    env: Mapping[str, str],
+    job_dir: str | None = None,
+) -> Any:
+    """NeMo-Run's SlurmExecutor for a profile of any of the three kinds: the job `srun_command`
+    renders, in NeMo-Run's own template (which writes environment values into the script, so
+    export secrets in your shell rather than passing them in `env`). NeMo-Run's job folders (its
+    sbatch script, logs, serialized task) go to `job_dir`, else the profile's, else beside the runs.
     """
-    check_job(job)
-    if job.kind != "slurm":
-        raise ConfigError(
-            [
-                (
-                    "--executor",
-                    f"NeMo-Run's SlurmExecutor runs pyxis containers only; launch {job.kind} with `recipes run --executor {job.kind}`",
-                )
-            ]
-        )
     import nemo_run as run
 
-    p = job.profile
-    srun_args = ["--no-container-mount-home", "--container-writable"] + (
-        [f"--mpi={p.mpi}"] if p.mpi else []
-    )
+    mounts = [str(m) for m in parse_mounts(p.mounts)]
+    srun_args = ["--cpu-bind=none"]
+    setup = list(p.setup)
+    image, container_mounts = None, []
+    if p.executor == "slurm":  # pyxis: NeMo-Run's own container flags
+        image, container_mounts = p.container_image, mounts
+        srun_args += ["--no-container-mount-home", "--container-writable"]
+        srun_args += [f"--mpi={p.mpi}"] if p.mpi else []
+        srun_args += [f"--container-workdir={p.workdir}"] if p.workdir else []
+    elif p.executor == "slurm-apptainer":  # srun's command runs inside `apptainer exec`
+        srun_args += ["apptainer", "exec"] + (["--nv"] if device != "cpu" else []) + ["--no-home"]
+        srun_args += ["--bind", ",".join(mounts)] if mounts else []
+        srun_args += ["--pwd", p.workdir] if p.workdir else []
+        srun_args += [p.container_image or ""]
+    else:  # slurm-bare: the venv on a shared filesystem
+        setup += [f"source {shlex.quote(str(p.venv))}/bin/activate"]
+        setup += [f"cd {shlex.quote(p.workdir)}"] if p.workdir else []
     return run.SlurmExecutor(
         account=p.account or "",
         partition=p.partition,
         qos=p.qos,
+        constraint=p.constraint,
         time=p.time,
-        nodes=job.nodes,
-        ntasks_per_node=job.procs_per_node,
-        gpus_per_node=job.procs_per_node if job.device != "cpu" else None,
+        nodes=nodes,
+        ntasks_per_node=per_node,
+        gpus_per_node=per_node if device != "cpu" else None,
+        cpus_per_task=p.cpus_per_task,
+        mem=p.mem,
         exclusive=p.exclusive or None,
-        container_image=p.container_image,
-        container_mounts=[str(m) for m in parse_mounts(p.mounts)],
-        container_env=job.env.names or None,
-        env_vars={v.name: v.value for v in job.env.defaults},
+        container_image=image,
+        container_mounts=container_mounts,
+        env_vars=dict(env),
         srun_args=srun_args,
-        # No --signal: NeMo-Run's torchrun would die of USR1; train.exit_duration_minutes stops
-        # the run before the wall time instead (slurm_job sets it from the profile).
-        tunnel=run.LocalTunnel(job_dir=job.job_dir),
-        launcher=(
-            run.FaultTolerance(max_restarts=job.max_requeues, rdzv_port=p.rdzv_port)
-            if job.ft_launcher
-            else "torchrun"
+        setup_lines="\n".join(setup) or None,
+        # No --signal: NeMo-Run's torchrun would die of USR1; train.exit_duration_minutes (set
+        # from the profile's time by slurm_job) stops the run before the wall time instead.
+        tunnel=run.LocalTunnel(
+            job_dir=job_dir or p.job_dir or os.path.abspath(f"{p.run_root or 'runs'}/nemo_run")
         ),
-        retries=job.max_requeues if job.ft_launcher else 0,
+        packager=run.Packager(),  # the code is in the image or the venv, not copied per job
+        launcher="torchrun",
     )
+
+
+def apply_resilience(executor: Any, job: SlurmJob) -> Any:
+    """With resilience.ft_launcher: NeMo-Run's FaultTolerance launcher (ft_launcher, restarting
+    failed ranks up to resilience.max_requeues times in the job) and the executor's `retries`,
+    by which NeMo-Run's fault-tolerance script requeues the job. NeMo-Run's torchrun script has
+    no requeue of its own."""
+    if job.ft_launcher:
+        import nemo_run as run
+
+        executor.launcher = run.FaultTolerance(
+            max_restarts=job.max_requeues, rdzv_port=job.profile.rdzv_port
+        )
+        executor.retries = job.max_requeues
+    return executor
+
+
+def nemo_executor(job: SlurmJob) -> Any:
+    """The same job as a NeMo-Run SlurmExecutor, for `run.run(recipes.nemo.partial(...))`."""
+    check_job(job)
+    executor = nemo_slurm_executor(
+        job.profile,
+        job.nodes,
+        job.procs_per_node,
+        job.device,
+        {v.name: v.value for v in job.env.defaults},
+        job_dir=job.job_dir,
+    )
+    if job.kind == "slurm" and job.env.names:  # our variables win over the image's ENV lines
+        executor.container_env = job.env.names
+    return apply_resilience(executor, job)

@@ -41,7 +41,6 @@ from config.hardware import Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import plan_env
-from launchers.mounts import parse_mounts
 from launchers.profile import Profile, load_profile, replace
 from recipes.registry import all_recipes, get
 from training.entry import pretrain
@@ -155,56 +154,9 @@ def executor(
         path_var = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         env = {"PATH": path_var, **remembered}  # torchrun and python from this venv
         return nr.LocalExecutor(ntasks_per_node=per_node, launcher="torchrun", env_vars=env)
-    return _slurm_executor(prof, nodes, per_node, device or "cuda", remembered)
+    from launchers.slurm import nemo_slurm_executor
 
-
-def _slurm_executor(
-    p: Profile, nodes: int, per_node: int, device: str, env: dict[str, str]
-) -> nr.SlurmExecutor:
-    """A SlurmExecutor for one of the three kinds (launchers/slurm.py renders the same jobs)."""
-    mounts = [str(m) for m in parse_mounts(p.mounts)]
-    srun_args = ["--cpu-bind=none"]
-    setup = list(p.setup)
-    image, container_mounts = None, []
-    if p.executor == "slurm":  # pyxis: NeMo-Run's own container flags
-        image, container_mounts = p.container_image, mounts
-        srun_args += ["--no-container-mount-home", "--container-writable"]
-        srun_args += [f"--mpi={p.mpi}"] if p.mpi else []
-        srun_args += [f"--container-workdir={p.workdir}"] if p.workdir else []
-    elif p.executor == "slurm-apptainer":  # srun's command runs inside `apptainer exec`
-        srun_args += ["apptainer", "exec"] + (["--nv"] if device != "cpu" else []) + ["--no-home"]
-        srun_args += ["--bind", ",".join(mounts)] if mounts else []
-        srun_args += ["--pwd", p.workdir] if p.workdir else []
-        srun_args += [p.container_image or ""]
-    else:  # slurm-bare: the venv on a shared filesystem
-        setup += [f"source {shlex.quote(str(p.venv))}/bin/activate"]
-        setup += [f"cd {shlex.quote(p.workdir)}"] if p.workdir else []
-    return nr.SlurmExecutor(
-        account=p.account or "",
-        partition=p.partition,
-        qos=p.qos,
-        constraint=p.constraint,
-        time=p.time,
-        nodes=nodes,
-        ntasks_per_node=per_node,
-        gpus_per_node=per_node if device != "cpu" else None,
-        cpus_per_task=p.cpus_per_task,
-        mem=p.mem,
-        exclusive=p.exclusive or None,
-        container_image=image,
-        container_mounts=container_mounts,
-        env_vars=dict(env),
-        srun_args=srun_args,
-        setup_lines="\n".join(setup) or None,
-        # No --signal: torchrun would die of USR1; train.exit_duration_minutes (set from the
-        # profile's time by the Checks plugin) stops the run before the wall time instead.
-        # NeMo-Run's own job folders (its sbatch script, logs, serialized task) beside the runs.
-        tunnel=nr.LocalTunnel(
-            job_dir=p.job_dir or os.path.abspath(f"{p.run_root or 'runs'}/nemo_run")
-        ),
-        packager=nr.Packager(),  # the code is in the image or the venv, not copied per job
-        launcher="torchrun",
-    )
+    return nemo_slurm_executor(prof, nodes, per_node, device or "cuda", remembered)
 
 
 # --- the checks, as a NeMo-Run plugin --------------------------------------------------------------
@@ -299,7 +251,7 @@ class Checks(nr.Plugin):
             plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
             names = plan.process_env(os.environ)
         else:
-            from launchers.slurm import slurm_job
+            from launchers.slurm import apply_resilience, slurm_job
 
             cfg, job = slurm_job(
                 cfg,
@@ -310,6 +262,7 @@ class Checks(nr.Plugin):
                 user_env=os.environ,
             )
             names = {v.name: v.value for v in job.env.defaults}
+            apply_resilience(executor, job)  # resilience.ft_launcher and its restarts
             if executor.container_image and job.env.names:
                 executor.container_env = sorted(
                     set(executor.container_env or []) | set(job.env.names)

@@ -198,6 +198,21 @@ def test_slurm_executor_renders_the_checked_job(
     for text in ("#SBATCH --nodes=2", "#SBATCH --account=llm", "--container-image", "--mpi=pmix"):
         assert text in out, text
     assert "export NCCL_SOCKET_IFNAME=bond0" in out
+    assert type(job.executor.launcher).__name__ == "Torchrun"
+
+
+def test_checks_give_a_slurm_executor_ft_launcher_when_the_recipe_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resilience.ft_launcher on NeMo-Run's path: its FaultTolerance launcher, not torchrun."""
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))
+    ex = rn.executor(slurm_profile(tmp_path, "slurm"), nodes=2)
+    task = rn.partial("llama3_8b_pretrain", ["resilience.ft_launcher=true"])
+    with rn.Experiment("llama", executor=ex) as exp:
+        exp.add(task)
+        job = exp.jobs[0]
+    assert type(job.executor.launcher).__name__ == "FaultTolerance"
+    assert job.executor.retries == job.executor.launcher.max_restarts == 3  # the default cap
 
 
 def nemo_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
