@@ -401,6 +401,13 @@ class ResilienceConfig:
     # rank monitors restart failed ranks in place). Needs the package where the ranks run (NGC
     # containers carry it); the launcher refuses a run whose environment cannot import it.
     ft_launcher: bool = False
+    # Restart in the same processes when a rank raises (nvidia-resiliency-ext's in-process
+    # Wrapper, training/inprocess.py): every rank aborts its process groups and trains again from
+    # the newest complete checkpoint, without a new job or new interpreters (seconds, not the
+    # minutes of a requeue). Needs the package where the ranks run (NGC containers carry it).
+    inprocess_restart: bool = False
+    # With inprocess_restart: restarts per launch before the error ends the job as usual.
+    inprocess_max_restarts: int = field(default=3, metadata=within(0, 1000))
 
 
 @dataclass(kw_only=True, slots=True)

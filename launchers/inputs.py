@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 from config.blend import index_cache_base, parse_blend
@@ -44,6 +46,7 @@ from data.records import SFTDataError, read_conversations, read_pairs
 from data.tokenizer import tokenizer_size
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
+from training.inprocess import INPROCESS_FIX, INPROCESS_IMPORT
 
 
 def input_paths(cfg: TrainingConfig) -> list[tuple[str, str]]:
@@ -179,16 +182,45 @@ def _packages(cfg: TrainingConfig) -> list[tuple[str, str]]:
     """Optional packages the config asks for, importable here (the local ranks' environment)."""
     import importlib.util
 
+    out = []
     if cfg.logging.wandb_project and cfg.logging.wandb_mode != "disabled":
         if importlib.util.find_spec("wandb") is None:
-            return [
+            out.append(
                 (
                     "logging.wandb_project",
                     f"is {cfg.logging.wandb_project!r} but wandb is not installed; install it "
                     "(pip install wandb) or unset logging.wandb_project",
                 )
-            ]
-    return []
+            )
+    if cfg.resilience.inprocess_restart:
+        why = inprocess_import_error()
+        if why is not None:
+            out.append(
+                (
+                    "resilience.inprocess_restart",
+                    f"is true, but the ranks' Python cannot import nvidia-resiliency-ext's "
+                    f"in-process restart with megatron-core ({why}); " + INPROCESS_FIX,
+                )
+            )
+    return out
+
+
+def inprocess_import_error() -> str | None:
+    """Why this Python cannot import nvidia_resiliency_ext.inprocess beside megatron-core, or None.
+    A subprocess: the check stays torch-free, and it sees 0.4.1 break megatron-core's import."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        return "nvidia_resiliency_ext is not installed"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", INPROCESS_IMPORT], capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{sys.executable} could not run: {err}"
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
 
 
 def _tokenizer_fits(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:

@@ -35,8 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -> bool:
-    """torch.distributed from torchrun's MASTER_ADDR/PORT (a local one for a single process).
+def init_process_group(
+    launch: Launch, device: str, timeout_minutes: int = 30, store: dist.Store | None = None
+) -> bool:
+    """torch.distributed from torchrun's MASTER_ADDR/PORT (a local one for a single process), or
+    from `store` (training/inprocess.py: one fresh prefix per attempt).
 
     Returns False when a default group already exists (a caller that runs several trainings in one
     process group, or a test): it is used as it is, and whoever created it destroys it.
@@ -58,6 +61,7 @@ def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -
             world_size=launch.world_size,
             timeout=timedelta(minutes=timeout_minutes),
             device_id=torch.device("cuda", launch.local_rank),
+            store=store,
         )
     else:
         dist.init_process_group(
@@ -65,8 +69,15 @@ def init_process_group(launch: Launch, device: str, timeout_minutes: int = 30) -
             rank=launch.rank,
             world_size=launch.world_size,
             timeout=timedelta(minutes=timeout_minutes),
+            store=store,
         )
     return True
+
+
+def set_collective_timeout(timeout: timedelta) -> None:
+    """Every process group's timeout for the collectives it starts from now on."""
+    for group in list(dist.distributed_c10d._world.pg_names):
+        group.set_timeout(timeout)
 
 
 def init_model_parallel(cfg: TrainingConfig, derived: Derived, num_chunks: int) -> None:

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ from config.tree import ConfigError, apply_overrides, from_dict, write_yaml
 from training.ranks import launch_from_env
 
 if TYPE_CHECKING:
+    from torch.distributed import Store
+
     from training.engine import Hook
 
 
@@ -61,10 +64,17 @@ def run_dir_for(cfg: TrainingConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{stamp}"
 
 
-def pretrain(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
+def pretrain(
+    config: TrainingConfig,
+    hooks: Sequence[Hook] = (),
+    store: Store | None = None,
+    collective_timeout: timedelta | None = None,
+) -> None:
     """Check `config` against the cluster this rank runs on, then train it (every rank calls this).
 
     `hooks`: more step hooks (training/engine.py `Hook`) after the checkpointer's, e.g. a test's.
+    `store`: the process group's rendezvous store (training/inprocess.py), else torchrun's.
+    `collective_timeout`: for every process group once the Trainer has built them (else 30 min).
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
     from config.finalize import finalize
@@ -94,8 +104,10 @@ def pretrain(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
     # From before the rendezvous: a start-up that hangs is a hang too.
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
-        owns_group = distributed.init_process_group(launch_from_env(), device)
+        owns_group = distributed.init_process_group(launch_from_env(), device, store=store)
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
+        if collective_timeout is not None:
+            distributed.set_collective_timeout(collective_timeout)
         checkpoints = Checkpointer(
             config,
             run_dir,
@@ -116,6 +128,17 @@ def pretrain(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
             trainer.close()
         # A process group that existed before this call (several runs in one group) stays.
         distributed.destroy(process_group=owns_group)
+
+
+def run(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
+    """`pretrain`, under nvidia-resiliency-ext's in-process restart with
+    resilience.inprocess_restart."""
+    if config.resilience.inprocess_restart:
+        from training.inprocess import pretrain_restartable
+
+        pretrain_restartable(config, hooks)
+    else:
+        pretrain(config, hooks)
 
 
 def load_config(path: str, overrides: list[str]) -> TrainingConfig:
@@ -140,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet.install()  # before Megatron-Core is imported: most of its notices come at import
     try:
-        pretrain(load_config(args.config, args.overrides))
+        run(load_config(args.config, args.overrides))
     except ConfigError as err:
         print(f"invalid config:\n{err}", file=sys.stderr)
         return 2

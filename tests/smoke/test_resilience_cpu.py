@@ -6,6 +6,8 @@ rank. `--slow-rank R --slow-seconds S`: from step 2 on, rank R's forward sleeps 
 microbatch, inside the step as a slow GPU would be; its peers then wait for it in the gradient
 sync. `--hang-rank R --hang-at-step N`: rank R never returns from its hook after step N, as a rank
 stuck outside any collective would; its peers block in the next step's collectives.
+`--raise-rank R --raise-at-step N`: rank R raises once, after step N (resilience.inprocess_restart
+then trains again in the same processes).
 """
 
 from __future__ import annotations
@@ -71,6 +73,28 @@ class HangAt:
         pass
 
 
+class RaiseOnce:
+    """Rank `rank` raises once, after step `step`; every rank prints, at the first step of each
+    attempt (a new Trainer), its pid and that step."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step, self.raised, self.last = rank, step, False, None
+
+    def after_step(self, trainer: Any, stopping: bool) -> None:
+        import torch.distributed as dist
+
+        # A step that does not follow the last one seen is a new attempt's first.
+        if self.last is None or trainer.step <= self.last:
+            print(f"attempt: rank {dist.get_rank()} pid {os.getpid()} step {trainer.step}")
+        self.last = trainer.step
+        if trainer.step == self.step and dist.get_rank() == self.rank and not self.raised:
+            self.raised = True
+            raise RuntimeError(f"injected failure on rank {self.rank} after step {self.step}")
+
+    def at_end(self, trainer: Any) -> None:
+        pass
+
+
 def hang_forever_in_a_hook() -> None:
     while True:
         time.sleep(3600)
@@ -83,15 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     parser.add_argument("--hang-rank", type=int)
     parser.add_argument("--hang-at-step", type=int, default=0)
+    parser.add_argument("--raise-rank", type=int)
+    parser.add_argument("--raise-at-step", type=int, default=0)
     args = parser.parse_args(argv)
-    from training.entry import load_config, pretrain
+    from training.entry import load_config, run
 
     hooks: list[Any] = []
     if args.slow_rank is not None:
         hooks.append(SlowRank(args.slow_rank, args.slow_seconds))
     if args.hang_rank is not None:
         hooks.append(HangAt(args.hang_rank, args.hang_at_step))
-    pretrain(load_config(args.config, []), hooks)
+    if args.raise_rank is not None:
+        hooks.append(RaiseOnce(args.raise_rank, args.raise_at_step))
+    run(load_config(args.config, []), hooks)
     return 0
 
 
@@ -184,6 +212,35 @@ def test_a_hung_rank_dumps_stacks_and_the_job_exits(tmp_path: Path) -> None:
     assert "train_step" in dumps["rank0.txt"], dumps["rank0.txt"]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
     assert max(steps) == 3, steps  # and `launch` found no process of the job left behind
+
+
+def test_a_rank_that_raises_restarts_in_process(tmp_path: Path) -> None:
+    """nvidia-resiliency-ext's in-process restart on real ranks: rank 1 raises after step 6; both
+    ranks train again in the same processes from the step-4 checkpoint and finish all 8 steps."""
+    from launchers.inputs import inprocess_import_error
+
+    why = inprocess_import_error()
+    if why is not None:
+        pytest.skip(f"nvidia-resiliency-ext's in-process restart does not import here: {why}")
+    overrides = [
+        "train.max_steps=8",
+        "checkpoint.save_interval=4",
+        "logging.tensorboard=false",
+        "resilience.inprocess_restart=true",
+    ]
+    code, log, run_dir = launch(tmp_path, overrides, "--raise-rank", "1", "--raise-at-step", "6")
+    assert code == 0, log[-4000:]
+    assert "injected failure on rank 1 after step 6" in log, log[-4000:]
+    attempts = re.findall(r"^attempt: rank (\d) pid (\d+) step (\d+)$", log, re.M)
+    for rank in ("0", "1"):
+        mine = [(pid, int(step)) for r, pid, step in attempts if r == rank]
+        # Two attempts in one process: the first from step 1, the second from the checkpoint.
+        assert [step for _, step in mine] == [1, 5], attempts
+        assert mine[0][0] == mine[1][0], f"rank {rank} changed process: {attempts}"
+    assert re.search(r"resumed from \S+iter_0000004 at step 4", log), log[-4000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
+    assert max(steps) == 8 and set(range(1, 9)) <= set(steps), steps
+    assert (run_dir / "checkpoints" / "iter_0000008").is_dir()
 
 
 if __name__ == "__main__":
