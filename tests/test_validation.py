@@ -190,7 +190,12 @@ INVALID = [
         Cluster(gpu="cpu", gpus_per_node=8),
         "parallel.context_parallel_size",
     ),
-    ([], Cluster(gpu="cpu", gpus_per_node=8), "parallel.sequence_parallel"),
+    # Sequence parallel runs on the CPU (training/cpu_mode.py); FP8 does not.
+    (
+        ["precision=bf16_with_fp8_current_scaling_mixed"],
+        Cluster(gpu="cpu", gpus_per_node=8),
+        "precision",
+    ),
     ([], Cluster(gpu="tpu"), "cluster.gpu"),
     ([], Cluster(num_nodes=0), "cluster"),
     # The run directory is <run_root>/<name>-<time>: a name may not lead out of run_root.
