@@ -120,10 +120,18 @@ class GroupedRuns:
         return self.outcomes[name]
 
     def _run_group(self, world: int, must_include: str) -> None:
+        # Energon recipes first: their loader forks DataLoader workers, and forked from a process
+        # that has already trained ~25 recipes (threads, gloo groups and allocator state of every
+        # earlier run) those workers segfaulted, on every rank, in two full runs on 2026-11-24;
+        # the same recipes as the first of a launch pass. `recipes run` trains one recipe per
+        # process, so only this grouped harness meets that state.
         names = sorted(
-            n
-            for n in self.selected | {must_include}
-            if n != CLI_RECIPE and n not in self.outcomes and world_for(n) == world
+            (
+                n
+                for n in self.selected | {must_include}
+                if n != CLI_RECIPE and n not in self.outcomes and world_for(n) == world
+            ),
+            key=lambda n: (all_recipes()[n].config().data.kind != "energon", n),
         )
         configs = [self._write_config(name, world) for name in names]
         self.outcomes |= launch_many(
