@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
 from config.precision import PrecisionPreset
-from config.schema import ModelConfig, TrainingConfig
+from config.schema import ModelConfig, TrainingConfig, selective_modules
 from config.tree import in_range
 
 GIB = 2**30
@@ -320,6 +320,46 @@ def _layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     return outside, inside
 
 
+def _discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
+    """Bytes per token of a layer's saved activations that selective recompute frees and rebuilds
+    in the backward: (outside, inside) the TP regions, as _layer_activations counts them.
+
+    core_attn frees nothing here (the fused attention kernel saves no score matrix to begin with);
+    mla_up_proj the up-projected queries, keys and values and the up projections' inputs;
+    layernorm the outputs of the norms that stand alone (Transformer Engine fuses the others into
+    the next linear layer, and Megatron-Core has nothing to recompute there): MLA's input norm
+    (the down projections' input) and an MoE layer's pre-MLP norm (the router's input);
+    mlp a dense layer's FC1 output and FC2 input (the checkpoint keeps its BF16 input in place of
+    FC1's); moe_act the experts' FC2 input; shared_experts theirs; moe the whole expert part and
+    the routing scores."""
+    modules = selective_modules(m)
+    h, act = m.hidden_size, 2 if m.activation == "swiglu" else 1
+    outside = inside = 0
+    if "mla_up_proj" in modules and m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        inside += 2 * m.num_attention_heads * (2 * qk + m.v_head_dim)
+        outside += lin * ((m.q_lora_rank or 0) + m.kv_lora_rank)
+    if "layernorm" in modules:
+        outside += (lin * h if m.multi_latent_attention else 0) + (2 * h if moe else 0)
+    if not moe:
+        if "mlp" in modules:
+            f = m.ffn_hidden_size
+            inside += 2 * act * f + lin * f
+            outside += lin * h - 2 * h
+        return outside, inside
+    topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
+    fs = m.moe_shared_expert_intermediate_size or 0
+    if "moe" in modules:
+        return outside + 4 * m.num_moe_experts, inside + topk * (
+            lin * h + 2 * act * fe + lin * fe
+        ) + (2 * act * fs + lin * fs)
+    if "moe_act" in modules:
+        inside += topk * lin * fe
+    if "shared_experts" in modules:
+        inside += 2 * act * fs + lin * fs
+    return outside, inside
+
+
 def bytes_per_parameter(
     cfg: TrainingConfig, preset: PrecisionPreset | None
 ) -> tuple[int, int, int, int]:
@@ -368,7 +408,10 @@ def estimate_memory(
         outside, inside = _layer_activations(model, moe, lin)
         return n_tokens * (outside / split + inside / tp)
 
-    layer_act = {moe: act(m, moe, tokens, sp_div) for moe in (False, bool(m.num_moe_experts))}
+    kinds = (False, bool(m.num_moe_experts))
+    freed = {moe: _discarded(m, moe, lin) for moe in kinds}  # by selective recompute
+    rebuilt = {moe: tokens * (freed[moe][0] / sp_div + freed[moe][1] / tp) for moe in kinds}
+    layer_act = {moe: act(m, moe, tokens, sp_div) - rebuilt[moe] for moe in kinds}
     kept_input = 2 * h * tokens / sp_div  # what a fully recomputed layer keeps
     group = m.recompute_num_layers or 1  # layers rebuilt together by full recompute
     vision_enc, vision_proj, vision_act = 0, 0, 0.0
@@ -417,6 +460,7 @@ def estimate_memory(
                 if recomputed:
                     working = layer_act[moe] * (1 if m.recompute_method == "block" else group)
                     r["working"] = max(r["working"], working)
+                r["working"] = max(r["working"], rebuilt[moe])  # one layer's, in its backward
             elif c == "E":
                 r[lm] += count.embedding / tp
                 r["frozen" if m.vision and m.vision.freeze_vision else "dense"] += vision_enc / tp

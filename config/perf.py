@@ -21,15 +21,16 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - ep: the MoE token alltoall (dispatch and combine, forward and backward), a share exposed; the part
   that leaves the NVLink domain goes at network speed.
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
-  EP traffic); selective recomputes the attention forward.
+  EP traffic); selective, the forward of each of its model.recompute_modules again.
 - LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
   (the adapters' own GEMMs, rank << width, are left out).
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
-between experts, DeepEP's node-limited dispatch, Megatron-FSDP, CUDA graphs, the vision encoder's
-compute, and communication contending with compute for memory bandwidth.
+between experts (the published MoE runs force-balance them), DeepEP's node-limited dispatch,
+Megatron-FSDP, CUDA graphs, the vision encoder's compute, and communication contending with compute
+for memory bandwidth.
 
 The constants live in one table, CONSTANTS, with their sources; tests/test_plan_calibration.py
 reports the error on every published run.
@@ -52,7 +53,7 @@ from config.estimate import (
 )
 from config.finalize import Derived
 from config.hardware import Cluster
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, selective_modules
 
 # name -> (value, source). Fractions are of config/hardware.py's data-sheet peaks and links.
 CONSTANTS: dict[str, tuple[float, str]] = {
@@ -166,7 +167,13 @@ class LayerCosts:
     output: dict[str, float]  # the output layer and cross entropy (once more per MTP layer)
     params: dict[str, float]  # parameters per GPU of each kind, sharded as Megatron shards them
     flops_per_token: float  # model FLOPs, causal formula (config/estimate.py)
+    # Selective recompute: per module, what it adds to a (dense, MoE) layer, by term.
+    selective: dict[str, tuple[dict[str, float], dict[str, float]]] = dataclasses.field(
+        default_factory=dict
+    )
     # Seconds one unit of each rank_loads slot adds (all terms): a rank's time is a dot product.
+    # The last two slots (selective recompute of a dense and an MoE layer) depend on the modules,
+    # so predict() prices them (selective_terms).
     per_slot: tuple[float, ...] = ()
 
 
@@ -234,11 +241,10 @@ def layer_costs(
         return passes / hbm
 
     attn_gemm = gemm(6 * tokens * att_mm / t, tokens, h / t, h, rate)
+    ffn = m.ffn_hidden_size
+    mlp_gemm = gemm(6 * tokens * _mlp(m, ffn)[0] / t, tokens, ffn / t, h, rate)
     dense = {
-        "gemm": attn_gemm
-        + gemm(
-            6 * tokens * _mlp(m, m.ffn_hidden_size)[0] / t, tokens, m.ffn_hidden_size / t, h, rate
-        ),
+        "gemm": attn_gemm + mlp_gemm,
         "attention": attention,
         "memory": memory(False),
         "tp": tp,
@@ -248,18 +254,27 @@ def layer_costs(
     }
     count = count or count_parameters(cfg)
     layer = dense
+    # Selective recompute, per module: its forward again, (dense layer, MoE layer).
+    again: dict[str, tuple[dict[str, float], dict[str, float]]] = {
+        "core_attn": ({"attention": attention / 3}, {"attention": attention / 3}),
+        # Both norms' forward: read and write the hidden states (BF16).
+        "layernorm": ({"memory": 8 * tokens * h / sp / hbm},) * 2,
+        # The dense MLP: a third of its GEMMs, 2 of the layer's 8 TP collectives.
+        "mlp": ({"gemm": mlp_gemm / 3, "tp": tp / 4}, {}),
+    }
+    if m.multi_latent_attention:  # the query and key-value up projections, forward
+        heads, rope = m.num_attention_heads, m.qk_pos_emb_head_dim
+        q_in, kv_in = m.q_lora_rank or h, m.kv_lora_rank
+        q_out, kv_out = heads * (m.qk_head_dim + rope), heads * (m.qk_head_dim + m.v_head_dim)
+        up = gemm(2 * tokens * q_in * q_out / t, tokens, q_out / t, q_in, rate)
+        up += gemm(2 * tokens * kv_in * kv_out / t, tokens, kv_out / t, kv_in, rate)
+        again["mla_up_proj"] = ({"gemm": up}, {"gemm": up})
     if moe:
         E, topk = m.num_moe_experts, m.moe_router_topk
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
-        experts = gemm(
-            6 * tokens * topk * _mlp(m, fe)[0] / t,
-            per_expert,
-            fe / et,
-            h,
-            rate,
-            k["expert_half_dim"],
-        )
+        flops = 6 * tokens * topk * _mlp(m, fe)[0] / t
+        experts = gemm(flops, per_expert, fe / et, h, rate, k["expert_half_dim"])
         shared = gemm(6 * tokens * _mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0
@@ -274,6 +289,11 @@ def layer_costs(
             "memory": memory(True),
             "ep": ep,
         }
+        # The experts' activation: read the FC1 output, write the FC2 input (BF16).
+        act = 2 if m.activation == "swiglu" else 1
+        again["moe_act"] = ({}, {"memory": tokens * topk / t * (2 * act * fe + 2 * fe) / hbm})
+        again["shared_experts"] = ({}, {"gemm": shared / 3})
+        again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
     vocab = derived.padded_vocab_size or m.vocab_size
     output = {
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
@@ -290,6 +310,7 @@ def layer_costs(
         output=output,
         params=shard_params(count, t, e * et),
         flops_per_token=model_flops_per_token(cfg),
+        selective=again,
     )
     return dataclasses.replace(costs, per_slot=_per_slot(costs))
 
@@ -299,7 +320,8 @@ AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
 
 def _per_slot(costs: LayerCosts) -> tuple[float, ...]:
-    """What one unit of each rank_loads slot adds to a rank's time (_rank_terms, summed)."""
+    """What one unit of each rank_loads slot but the selective ones adds to a rank's time
+    (_rank_terms, summed)."""
     dense, moe = sum(costs.dense.values()), sum(costs.moe.values())
     again_dense = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.dense.items())
     again_moe = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.moe.items())
@@ -312,8 +334,20 @@ def _per_slot(costs: LayerCosts) -> tuple[float, ...]:
         sum(costs.mtp_extra.values()) + output,
         sum(costs.embedding.values()),
         output,
-        costs.dense["attention"] / 3,
     )
+
+
+def selective_terms(costs: LayerCosts, modules: list[str]) -> tuple[dict, dict]:
+    """What selective recompute of `modules` adds to a (dense, MoE) layer, by term. Recomputing
+    the whole MoE layer covers its activation and shared experts."""
+    if "moe" in modules:
+        modules = [n for n in modules if n not in ("moe_act", "shared_experts")]
+    out: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for name in modules:
+        for kind, terms in zip(out, costs.selective.get(name, ({}, {})), strict=True):
+            for term, value in terms.items():
+                kind[term] = kind.get(term, 0.0) + value
+    return out
 
 
 def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, float]:
@@ -336,9 +370,9 @@ def rank_loads(
     recompute: tuple[str | None, str | None, int],
 ) -> tuple[tuple[float, ...], ...]:
     """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
-    selective) layer counts, from the chunks and the recompute fields."""
+    dense selective, moe selective) layer counts, from the chunks and the recompute fields."""
     granularity, method, group = recompute
-    loads = [[0.0] * 8 for _ in range(pp)]
+    loads = [[0.0] * 9 for _ in range(pp)]
     layer = 0
     for index, chunk in enumerate(chunks):
         load, in_chunk = loads[index % pp], 0
@@ -354,12 +388,13 @@ def rank_loads(
                 in_chunk += 1
                 load[(1 if is_moe else 0) + (2 if full else 0)] += 1
                 load[4] += c == "m"
-                load[7] += granularity == "selective"
+                load[8 if is_moe else 7] += granularity == "selective"
     return tuple(tuple(load) for load in loads)
 
 
-def _rank_terms(costs: LayerCosts, load: tuple[float, ...]) -> dict[str, float]:
-    dense, moe, dense_rc, moe_rc, mtp, emb, out, selective = load
+def _rank_terms(costs: LayerCosts, load: tuple[float, ...], modules: list[str]) -> dict[str, float]:
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, dense_sel, moe_sel = load
+    again_dense, again_moe = selective_terms(costs, modules)
     terms = dict.fromkeys(TERMS, 0.0)
     for name in TERMS:
         d, x = costs.dense[name], costs.moe[name]
@@ -368,7 +403,7 @@ def _rank_terms(costs: LayerCosts, load: tuple[float, ...]) -> dict[str, float]:
         terms[name] += mtp * costs.mtp_extra.get(name, 0.0)
         terms[name] += emb * costs.embedding.get(name, 0.0)
         terms[name] += (out + mtp) * costs.output.get(name, 0.0)
-    terms["attention"] += selective * costs.dense["attention"] / 3
+        terms[name] += dense_sel * again_dense.get(name, 0.0) + moe_sel * again_moe.get(name, 0.0)
     return terms
 
 
@@ -401,12 +436,14 @@ def predict(
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
         loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
-    weights = costs.per_slot
+    modules = selective_modules(m)
+    weights = (*costs.per_slot, *(sum(t.values()) for t in selective_terms(costs, modules)))
     totals = {load: sum(n * w for n, w in zip(load, weights, strict=True)) for load in set(loads)}
     slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
     mean = sum(totals[load] for load in loads) / pp
     if detail:
-        step = {name: microbatches * value for name, value in _rank_terms(costs, slowest).items()}
+        terms = _rank_terms(costs, slowest, modules)
+        step = {name: microbatches * value for name, value in terms.items()}
     else:
         step = {"layers": microbatches * totals[slowest]}
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
@@ -454,7 +491,7 @@ def predict(
 
 def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
     """(dense, expert) parameters a pipeline rank holds (p from shard_params)."""
-    dense, moe, dense_rc, moe_rc, mtp, emb, out, _ = load
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, *_ = load
     moe_layers = moe + moe_rc
     held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]
     held += emb * p["embedding"] + out * p["output"]

@@ -217,10 +217,13 @@ class ModelConfig:
         default=None, metadata=within(1, MAX_LAYERS, note="None means none")
     )
 
-    # Activation recomputation: None, "selective" (attention core only) or "full".
+    # Activation recomputation: None, "selective" (the recompute_modules of every layer) or "full".
     recompute_granularity: Optional[Literal["selective", "full"]] = None
     recompute_method: Optional[Literal["uniform", "block"]] = None  # with "full"
     recompute_num_layers: Optional[int] = field(default=None, metadata=LAYERS)
+    # With "selective": comma-separated RECOMPUTE_MODULES (a dotlist override is one string), e.g.
+    # "mla_up_proj,mlp"; None means Megatron-Core's default, core_attn.
+    recompute_modules: Optional[str] = None
 
     # Vision-language (arch "llava"): the encoder and projector in front of the language model.
     vision: Optional[VisionConfig] = None
@@ -323,6 +326,29 @@ class TrainConfig:
 # The linear layers of Megatron-Core's GPT layers that LoRA can adapt, by their module names:
 # attention's fused QKV and output projections, the dense MLP's fused gate/up and down projections
 # (in MoE layers: the shared expert's; routed experts are not adapted).
+# Megatron-Core's selective recompute modules (TransformerConfig.recompute_modules), less the
+# GatedDeltaNet one (no such attention here). Output-discarding: moe_act, layernorm, mla_up_proj.
+RECOMPUTE_MODULES = (
+    "core_attn",  # the attention kernel
+    "mla_up_proj",  # MLA's query / key-value up projections and RoPE
+    "layernorm",  # the input and pre-MLP norms
+    "mlp",  # the dense MLP (dense layers only)
+    "moe_act",  # the experts' activation (needs moe_grouped_gemm)
+    "shared_experts",  # the shared experts of an MoE layer
+    "moe",  # the whole MoE layer, token dispatch included
+)
+
+
+def selective_modules(model: ModelConfig) -> list[str]:
+    """The modules selective recompute rebuilds, as Megatron-Core reads them: none without
+    recompute_granularity=selective, core_attn when recompute_modules is unset."""
+    if model.recompute_granularity != "selective":
+        return []
+    if model.recompute_modules is None:
+        return ["core_attn"]
+    return [name.strip() for name in model.recompute_modules.split(",") if name.strip()]
+
+
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 

@@ -25,7 +25,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 from config.finalize import Derived
 from config.precision import PrecisionPreset
 from config.registry import data_kind
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, selective_modules
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -100,6 +100,7 @@ def transformer_config(
         recompute_granularity=m.recompute_granularity,
         recompute_method=m.recompute_method,
         recompute_num_layers=m.recompute_num_layers,
+        recompute_modules=selective_modules(m) or None,
         mtp_num_layers=m.mtp_num_layers,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,

@@ -2,9 +2,10 @@
 
 A layout is TP, CP, PP with its virtual stages (Megatron-Core's even split, or the balanced uneven
 layout that gives the embedding and the loss a layer's place), EP and ETP for MoE models. For each
-layout and micro batch size the planner takes the least recompute that fits (none, selective, full
-recompute of the first n layers of every chunk, then of every layer): recompute only costs time, so
-more of it than fits needs is never faster. The distributed optimizer stays on unless pinned off:
+layout and micro batch size the planner takes the least recompute that fits (none, selective of
+the attention kernel, selective of the light modules (MLA's up projections, the norms, the experts'
+activation), selective of those and the MLPs, full recompute of the first n layers of every chunk,
+then of every layer): recompute only costs time, so more of it than fits needs is never faster. The distributed optimizer stays on unless pinned off:
 a reduce-scatter plus an all-gather move an all-reduce's bytes, so a plan without it is neither
 faster nor smaller. Fields given on the command line are pinned; the rest is searched.
 
@@ -51,6 +52,7 @@ LAYOUT_FIELDS = (
     "model.recompute_granularity",
     "model.recompute_method",
     "model.recompute_num_layers",
+    "model.recompute_modules",
     "optimizer.use_distributed_optimizer",
 )
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
@@ -170,16 +172,42 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
                             yield Shape(tp, cp, pp, vpp, layout, ep, etp)
 
 
+RECOMPUTE_KEYS = (
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.recompute_num_layers",
+    "model.recompute_modules",
+)
+
+
 def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
-    """(granularity, method, layers) from the cheapest to the most memory-saving."""
-    keys = ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers")
-    if any(key in pinned for key in keys):
-        return [tuple(pinned.get(key, getattr(cfg.model, key.split(".")[1])) for key in keys)]
+    """(granularity, method, layers, modules) from the cheapest to the most memory-saving."""
+    if any(key in pinned for key in RECOMPUTE_KEYS):
+        return [tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)]
+    m = cfg.model
     chunks = shape.pp * (shape.vpp or 1)
-    per_chunk = -(-cfg.model.num_layers // chunks)
+    per_chunk = -(-m.num_layers // chunks)
     blocks = sorted({n for n in (1, per_chunk // 4, per_chunk // 2, 3 * per_chunk // 4) if n > 0})
-    full = [("full", "block", n) for n in blocks if n < per_chunk]
-    return [(None, None, None), ("selective", None, None), *full, ("full", "uniform", 1)]
+    full = [("full", "block", n, None) for n in blocks if n < per_chunk]
+    # Output-discarding modules first (a little forward work again), then the MLPs too.
+    # (The norms only where they stand alone: TE fuses a dense layer's into its next GEMM.)
+    light = ["mla_up_proj"] if m.multi_latent_attention else []
+    light += ["layernorm"] if m.multi_latent_attention or m.num_moe_experts else []
+    light += ["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else []
+    dense = not m.num_moe_experts or m.moe_first_k_dense_layers > 0
+    mlps = (["mlp"] if dense else []) + (
+        ["shared_experts"] if m.moe_shared_expert_intermediate_size else []
+    )
+    selective = [("selective", None, None, ",".join(light))] if light else []
+    if mlps:
+        selective.append(("selective", None, None, ",".join(light + mlps)))
+    return [
+        (None, None, None, None),
+        ("selective", None, None, None),
+        *selective,
+        *full,
+        ("full", "uniform", 1, None),
+    ]
 
 
 def _apply(
@@ -194,7 +222,8 @@ def _apply(
     par.expert_model_parallel_size, par.expert_tensor_parallel_size = shape.ep, shape.etp
     par.sequence_parallel = shape.tp > 1 if sp is None else sp and shape.tp > 1
     work.train.micro_batch_size = mbs
-    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute
+    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute[:3]
+    m.recompute_modules = recompute[3]
 
 
 def overrides(work: TrainingConfig) -> list[str]:
@@ -325,8 +354,8 @@ def _fitting(
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory.
 
-    Memory falls along `recomputes`, so the most saving is tried first and the cheapest that fits
-    found by bisection."""
+    The last of `recomputes` saves the most, so when it does not fit nothing does; the others are
+    tried in order (selective and block recompute do not save memory in a fixed order)."""
 
     def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
         _apply(work, shape, mbs, recomputes[index], sp)
@@ -336,11 +365,7 @@ def _fitting(
 
     if fits(len(recomputes) - 1) is None:
         return
-    low, high = 0, len(recomputes) - 1
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if fits(middle) else (middle + 1, high)
-    for index in range(high, len(recomputes)):
+    for index in range(len(recomputes)):
         chosen = fits(index)
         if chosen:
             yield chosen
@@ -411,19 +436,29 @@ def render(
         f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
         "",
     ]
-    header = f"{'#':>2}  {'layout':<38} {'MBS':>3}  {'recompute':<14} {'tok/s/GPU':>10} {'MFU':>6} {'GiB':>6}  bottleneck"
-    lines.append(header)
-    for i, p in enumerate(plans, 1):
+    rows = []
+    for p in plans:
         fields = dict(o.split("=", 1) for o in p.overrides)
         recompute = fields["model.recompute_granularity"]
         if recompute == "full":
             recompute += (
                 f" {fields['model.recompute_method']} {fields['model.recompute_num_layers']}"
             )
+        elif recompute == "selective" and fields["model.recompute_modules"] != "None":
+            recompute = fields["model.recompute_modules"]
+        rows.append(
+            (p, fields["train.micro_batch_size"], "-" if recompute == "None" else recompute)
+        )
+    wide = max([38] + [len(p.shape.describe()) for p in plans])
+    wide_rc = max([14] + [len(r) for _, _, r in rows])
+    lines.append(
+        f"{'#':>2}  {'layout':<{wide}} {'MBS':>3}  {'recompute':<{wide_rc}} {'tok/s/GPU':>10} "
+        f"{'MFU':>6} {'GiB':>6}  bottleneck"
+    )
+    for i, (p, mbs, recompute) in enumerate(rows, 1):
         name, share = p.step.bottleneck
         lines.append(
-            f"{i:>2}  {p.shape.describe():<38} {fields['train.micro_batch_size']:>3}  "
-            f"{recompute if recompute != 'None' else '-':<14} "
+            f"{i:>2}  {p.shape.describe():<{wide}} {mbs:>3}  {recompute:<{wide_rc}} "
             f"{p.step.tokens_per_s_per_gpu:>10,.0f} {p.step.mfu:>6.1%} {p.memory.total_gib:>6.1f}  "
             f"{name} {share:.0%}"
         )

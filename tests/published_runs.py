@@ -130,6 +130,8 @@ RUNS = [
         [
             "parallel.pipeline_model_parallel_size=16",
             "parallel.virtual_pipeline_model_parallel_size=None",
+            # NeMo's deepseek_v3 pretrain recipe, which that benchmark ran (NeMo 25.04)
+            "model.recompute_modules=mla_up_proj,layernorm",
         ],
     ),
 ]

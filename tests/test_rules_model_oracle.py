@@ -52,6 +52,8 @@ STRICTER = {
     "vpp_conflict": "parallel.virtual_pipeline_model_parallel_size that contradicts the layout's "
     "chunk count: models/gpt.py hands Megatron-Core the layout's VPP, so the user's value would be "
     "ignored without a word",
+    "modules_ignored": "model.recompute_modules without recompute_granularity=selective: "
+    "TransformerConfig accepts it and recomputes none of them",
     "rope_scaling": "RoPE scaling Megatron-Core would not apply (YaRN outside multi-latent attention, "
     "llama3 inside it or without RoPE): it accepts the config and ignores the field "
     "(test_rope_scaling_that_megatron_would_ignore_is_refused)",
@@ -117,6 +119,34 @@ def _recompute_cases() -> list[tuple[list[str], str | None]]:
                         None,
                     )
                 )
+    return out
+
+
+def _recompute_module_cases() -> list[tuple[list[str], str | None]]:
+    """model.recompute_modules against each granularity, with and without MLA and grouped GEMMs."""
+    out = []
+    for granularity in (None, "full", "selective"):
+        for modules in (
+            None,
+            "core_attn",
+            "mla_up_proj",
+            "layernorm,mlp",
+            "mlpp",
+            "moe_act",
+            "moe,shared_experts",
+            "mla_up_proj,core_attn",
+        ):
+            for mla, grouped in ((False, False), (True, False), (False, True)):
+                rest = ["model.recompute_method=uniform", "model.recompute_num_layers=1"]
+                overrides = [
+                    f"model.recompute_granularity={granularity}",
+                    *(rest if granularity == "full" else []),
+                    f"model.recompute_modules={modules}",
+                    f"model.multi_latent_attention={mla}",
+                    f"model.moe_grouped_gemm={grouped}",
+                ]
+                ignored = modules is not None and granularity != "selective"
+                out.append((overrides, "modules_ignored" if ignored else None))
     return out
 
 
@@ -221,7 +251,9 @@ def _layout_cases(rng: random.Random) -> list[tuple[list[str], str | None]]:
 
 def _cases() -> list[tuple[list[str], str | None]]:
     rng = random.Random(SEED)
-    return _recompute_cases() + _parallel_cases(rng) + _layout_cases(rng)
+    return (
+        _recompute_cases() + _recompute_module_cases() + _parallel_cases(rng) + _layout_cases(rng)
+    )
 
 
 def test_checker_agrees_with_megatron_core() -> None:

@@ -137,6 +137,17 @@ CASES: list[list[tuple[str, object]]] = [
     # MoE with TP and no SP; with TP 1 and no SP
     [("parallel.sequence_parallel", False)],
     [("parallel.tensor_model_parallel_size", 1), ("parallel.sequence_parallel", False)],
+    # selective recompute of the experts' activation (grouped GEMMs or not), shared experts
+    [("model.recompute_granularity", "selective"), ("model.recompute_modules", "moe_act")]
+    + [("model.moe_grouped_gemm", True)],
+    [
+        ("model.recompute_granularity", "selective"),
+        ("model.recompute_modules", "moe_act,layernorm"),
+        ("model.moe_grouped_gemm", False),
+    ],
+    [("model.recompute_granularity", "selective"), ("model.recompute_modules", "shared_experts")]
+    + [("model.moe_shared_expert_intermediate_size", 512)],
+    [("model.recompute_granularity", "selective"), ("model.recompute_modules", "moe,mlp")],
     # DeepSeek-V3's router: sigmoid, expert bias, groups
     [
         ("model.moe_router_score_function", "sigmoid"),

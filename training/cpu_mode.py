@@ -28,6 +28,10 @@ on GPUs):
    and BF16) are gloo's own since torch 2.3 (its reduce_scatter_tensor is an all-reduce and this
    rank's chunk; pytorch#112144, #118911; measured with torch 2.14), so Megatron-Core's SP code
    path runs as is. tests/smoke/test_sp_cpu.py holds it to TP without SP.
+5. Output-discarding recompute (`CheckpointWithoutOutput`: the layernorm and moe_act recompute
+   modules) asks Transformer Engine whether FP8 is on even when it is not: its `fp8=False` default
+   passes its `fp8 is not None` test. Without TE those names are undefined, so on the CPU the
+   module gets TE's answers for a run without FP8 (`_NoFP8`: FP8 off, no-op contexts).
 
 What still needs a GPU (see config/rules/precision.py `cpu`; `--shrink` replaces them, see
 recipes/shrink.py `cpu_substitutes`): context parallel, the alltoall and flex MoE dispatchers and
@@ -285,6 +289,22 @@ def _sequence_parallel_norm(real_new: Callable) -> Callable:
 _enabled = False
 
 
+class _NoFP8:
+    """Transformer Engine's FP8 state and contexts, as they answer when FP8 is off."""
+
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        return False
+
+    @staticmethod
+    def get_fp8_recipe() -> None:
+        return None
+
+    @staticmethod
+    def context(*args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
 def enabled() -> bool:
     return _enabled
 
@@ -329,4 +349,8 @@ def enable() -> None:
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     WrappedTorchNorm.__new__ = staticmethod(_sequence_parallel_norm(WrappedTorchNorm.__new__))
+    # 5. Output-discarding recompute without Transformer Engine.
+    if not random.HAVE_TE:
+        random.FP8GlobalStateManager = _NoFP8
+        random.activation_recompute_forward = random.fp8_autocast = _NoFP8.context
     _enabled = True

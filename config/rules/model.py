@@ -5,7 +5,8 @@ from __future__ import annotations
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import ModelConfig, TrainingConfig
+from config.schema import RECOMPUTE_MODULES, ModelConfig, TrainingConfig, selective_modules
+from config.tree import not_one_of
 
 
 def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
@@ -35,6 +36,17 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
             )
         )
     out += _recompute(model)
+    delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
+    discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
+    if delayed and discarded and model.recompute_modules is not None:
+        out.append(
+            Problem(
+                "model.recompute_modules",
+                f"{' and '.join(sorted(discarded))} recompute cannot run under FP8 delayed "
+                f"scaling (precision {cfg.precision}); drop them or use a current-scaling FP8 "
+                "preset",
+            )
+        )
     return out
 
 
@@ -74,6 +86,60 @@ def _recompute(model: ModelConfig) -> list[Problem]:
                 f"is {layers}, but model.recompute_granularity=selective recomputes parts of "
                 "every layer and takes no layer count; unset model.recompute_num_layers "
                 "(model.recompute_num_layers=None) or use model.recompute_granularity=full",
+            )
+        )
+    return out + _recompute_modules(model)
+
+
+def _recompute_modules(model: ModelConfig) -> list[Problem]:
+    """TransformerConfig.__post_init__'s rules for recompute_modules (the names, moe_act with
+    grouped GEMMs, mla_up_proj with MLA), and one of ours: the field without selective
+    recompute, which Megatron-Core ignores without a word."""
+    text, field = model.recompute_modules, "model.recompute_modules"
+    if text is None:
+        return []
+    if model.recompute_granularity != "selective":
+        return [
+            Problem(
+                field,
+                f"is '{text}', but only model.recompute_granularity=selective recomputes "
+                f"modules (it is {model.recompute_granularity}); set "
+                "model.recompute_granularity=selective or unset model.recompute_modules",
+            )
+        ]
+    names = selective_modules(model)
+    if not names:
+        return [
+            Problem(
+                field,
+                "names no module, so selective recompute would rebuild nothing; name some of "
+                f"{', '.join(RECOMPUTE_MODULES)} (comma-separated), or unset "
+                "model.recompute_granularity",
+            )
+        ]
+    out = [
+        Problem(field, not_one_of(n, list(RECOMPUTE_MODULES)))
+        for n in names
+        if n not in RECOMPUTE_MODULES
+    ]
+    if "moe_act" in names and not (model.num_moe_experts and model.moe_grouped_gemm):
+        why = (
+            "model.moe_grouped_gemm is false; set model.moe_grouped_gemm=true or drop moe_act"
+            if model.num_moe_experts
+            else "this model has no experts (model.num_moe_experts is unset); drop moe_act"
+        )
+        out.append(
+            Problem(
+                field,
+                f"moe_act recomputes the activation inside the experts' grouped GEMMs, and {why}",
+            )
+        )
+    if "mla_up_proj" in names and not model.multi_latent_attention:
+        out.append(
+            Problem(
+                field,
+                "mla_up_proj recomputes multi-latent attention's up projections, and this model "
+                "has none (model.multi_latent_attention is false); drop mla_up_proj",
             )
         )
     return out

@@ -3,9 +3,9 @@
 Sources are rows of the Megatron-Bridge performance summary; their exact settings live in
 Megatron-Bridge's scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (V1
 presets). The base recipe runs bf16_mixed on the published H100 layout; variants change what the
-run on other hardware or precision changed. Those runs dispatched tokens with the "flex"
-dispatcher (HybridEP) and recomputed single modules (mla_up_proj, mlp); these recipes use the
-alltoall dispatcher and, where memory needs it, whole-layer recompute instead.
+run on other hardware or precision changed. Each recomputes the modules its run recomputed
+(model.recompute_modules). Those runs dispatched tokens with the "flex" dispatcher (HybridEP);
+these recipes use the alltoall dispatcher.
 
 61 decoder layers + 1 MTP layer + embedding + loss make 64 units: finalize spreads them evenly over
 the pipeline chunks (2 per chunk at PP8 x VP4, the published "Et|(tt|)*30mL"), so no recipe needs
@@ -38,6 +38,13 @@ def _pretrain(parallel: ParallelConfig, *, global_batch_size: int) -> TrainingCo
     )
 
 
+def _mla_up_proj(cfg: TrainingConfig) -> TrainingConfig:
+    """As the Blackwell runs: recompute MLA's up projections (the queries, keys and values)."""
+    cfg.model.recompute_granularity = "selective"
+    cfg.model.recompute_modules = "mla_up_proj"
+    return cfg
+
+
 @recipe(
     nodes=128,
     source=f"{MB} 25.09, DGX-H100 (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1): TP2 PP8 VP4 EP64, GBS 8192, seq 4096",
@@ -52,12 +59,10 @@ def deepseek_v3_pretrain() -> TrainingConfig:
         expert_model_parallel_size=64,
     )
     cfg = _pretrain(parallel, global_batch_size=8192)
-    # The published run recomputes the MLA up-projections and the MLPs (recompute_modules), which
-    # this config cannot name; recomputing the first of each chunk's two layers in full is the
-    # nearest equivalent (predicted 52 GiB, against 81 GiB with no recompute at all).
-    cfg.model.recompute_granularity = "full"
-    cfg.model.recompute_method = "block"
-    cfg.model.recompute_num_layers = 1
+    # As published: recompute MLA's up projections and the (3 dense layers') MLPs; predicted
+    # 62 GiB, against 81 GiB with no recompute.
+    cfg.model.recompute_granularity = "selective"
+    cfg.model.recompute_modules = "mla_up_proj,mlp"
     return cfg
 
 
@@ -85,7 +90,7 @@ def deepseek_v3_pretrain_256gpu_gb200_bf16() -> TrainingConfig:
         virtual_pipeline_model_parallel_size=4,
         expert_model_parallel_size=64,
     )
-    return _pretrain(parallel, global_batch_size=2048)
+    return _mla_up_proj(_pretrain(parallel, global_batch_size=2048))
 
 
 @recipe(
@@ -96,4 +101,4 @@ def deepseek_v3_pretrain_256gpu_gb200_bf16() -> TrainingConfig:
 def deepseek_v3_pretrain_256gpu_b200_bf16() -> TrainingConfig:
     """DeepSeek-V3 on 256 B200s: a deep pipeline (16 stages of 4 units), experts within a node."""
     parallel = ParallelConfig(pipeline_model_parallel_size=16, expert_model_parallel_size=8)
-    return _pretrain(parallel, global_batch_size=2048)
+    return _mla_up_proj(_pretrain(parallel, global_batch_size=2048))

@@ -1,0 +1,62 @@
+"""Selective recompute of Megatron-Core's modules changes no number (its own oracle: the run that
+keeps every activation).
+
+The same tiny MLA + MoE model (a dense first layer, shared experts; TP=2 with SP, FP32) trains on 2
+CPU processes three times: without recompute, recomputing the output-discarding modules and the
+MLPs (`mla_up_proj,layernorm,mlp,shared_experts`), and recomputing whole MoE layers (`moe`). A
+recomputed forward must rebuild exactly what the first forward computed, so the losses and gradient
+norms agree to 1e-6. (moe_act needs grouped GEMMs, which need a GPU.) layernorm runs through
+training/cpu_mode.py's no-FP8 answers for Transformer Engine (item 5 there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.smoke.conftest import Planned, Runs
+
+pytestmark = pytest.mark.smoke
+
+BASE = (
+    "parallel.tensor_model_parallel_size=2",
+    "parallel.sequence_parallel=true",
+    "precision=fp32",
+    "train.max_steps=6",
+    "model.multi_latent_attention=true",
+    "model.q_lora_rank=32",
+    "model.kv_lora_rank=16",
+    "model.qk_head_dim=16",
+    "model.qk_pos_emb_head_dim=8",
+    "model.v_head_dim=16",
+    "model.num_moe_experts=4",
+    "model.moe_router_topk=2",
+    "model.moe_ffn_hidden_size=64",
+    "model.moe_shared_expert_intermediate_size=64",
+    "model.moe_first_k_dense_layers=1",
+    "model.moe_token_dispatcher_type=allgather",
+)
+MODULES = {"light": "mla_up_proj,layernorm,mlp,shared_experts", "moe": "moe"}
+PLANNED = {"recompute_none": Planned(2, BASE)} | {
+    f"recompute_{name}": Planned(
+        2, (*BASE, "model.recompute_granularity=selective", f"model.recompute_modules={modules}")
+    )
+    for name, modules in MODULES.items()
+}
+
+
+@pytest.fixture(scope="module")
+def planned(runs: Runs) -> Runs:
+    runs.plan(PLANNED)
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_selective_recompute_matches_no_recompute(planned: Runs, name: str) -> None:
+    off = planned.metrics("recompute_none")
+    on = planned.metrics(f"recompute_{name}")
+    assert [r["step"] for r in on] == [r["step"] for r in off] == list(range(1, 7))
+    for a, b in zip(on, off, strict=True):
+        step = a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), f"loss at step {step}"
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), f"grad norm at {step}"
+    assert on[-1]["loss"] < on[0]["loss"]  # and it trains
