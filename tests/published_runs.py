@@ -130,7 +130,7 @@ RUNS = [
         [
             "parallel.pipeline_model_parallel_size=16",
             "parallel.virtual_pipeline_model_parallel_size=None",
-            # NeMo's deepseek_v3 pretrain recipe, which that benchmark ran (NeMo 25.04)
+            # NeMo's deepseek_v3 pretrain recipe, which that benchmark ran
             "model.recompute_modules=mla_up_proj,layernorm",
         ],
     ),
