@@ -127,6 +127,16 @@ class Runs:
         return Outcome(run_dir_of(config), "\n".join(errors[-20:]), error)
 
 
+def assert_same_training(on: list[dict], off: list[dict], steps: int, rel: float = 1e-6) -> None:
+    """Two runs' records agree step by step (loss and gradient norm), and the first trains."""
+    assert [r["step"] for r in on] == [r["step"] for r in off] == list(range(1, steps + 1))
+    for a, b in zip(on, off, strict=True):
+        step = a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=rel), f"loss at step {step}"
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=rel), f"grad norm at {step}"
+    assert on[-1]["loss"] < on[0]["loss"]
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return Runs(tmp_path_factory.mktemp("smoke"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.smoke.conftest import Planned, Runs
+from tests.smoke.conftest import Planned, Runs, assert_same_training
 
 pytestmark = pytest.mark.smoke
 
@@ -57,9 +57,4 @@ def planned(runs: Runs) -> Runs:
 def test_sequence_parallel_matches_tensor_parallel(planned: Runs, variant: str) -> None:
     off = planned.metrics(f"sp_{variant}_false")
     on = planned.metrics(f"sp_{variant}_true")
-    assert [r["step"] for r in on] == [r["step"] for r in off] == list(range(1, 7))
-    for a, b in zip(on, off, strict=True):
-        step = a["step"]
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), f"loss at step {step}"
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6), f"grad norm at {step}"
-    assert on[-1]["loss"] < on[0]["loss"]  # and it trains
+    assert_same_training(on, off, steps=6)
