@@ -38,7 +38,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
     out += _recompute(model)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
-    if delayed and discarded and model.recompute_modules is not None:
+    if delayed and discarded:
         out.append(
             Problem(
                 "model.recompute_modules",
