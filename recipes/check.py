@@ -16,7 +16,7 @@ from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.rules import Problem, validate
 from config.rules.topology import topology
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, selective_modules
 
 EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
 
@@ -127,13 +127,10 @@ def _candidates(cfg: TrainingConfig, cluster: Cluster) -> list[list[str]]:
     for new_pp in (2 * pp, 4 * pp, 8 * pp, 16 * pp):
         out.append([f"parallel.pipeline_model_parallel_size={new_pp}"])
     if cfg.model.recompute_granularity != "full":
-        out.append(
-            [
-                "model.recompute_granularity=full",
-                "model.recompute_method=uniform",
-                "model.recompute_num_layers=1",
-            ]
-        )
+        full = ["model.recompute_granularity=full", "model.recompute_method=uniform"]
+        full.append("model.recompute_num_layers=1")
+        # Selective recompute's modules go with it (the checker refuses them without it).
+        out.append(full + (["model.recompute_modules=None"] if cfg.model.recompute_modules else []))
     return out
 
 
@@ -179,6 +176,11 @@ def render(report: Report) -> str:
     ]
     if d.pipeline_layout:
         lines.append(f"pipeline {d.pipeline_layout}")
+    m = cfg.model
+    if m.recompute_granularity == "full":
+        lines.append(f"recompute full, {m.recompute_method}, {m.recompute_num_layers} layer(s)")
+    elif m.recompute_granularity == "selective":
+        lines.append(f"recompute selective: {','.join(selective_modules(m))}")
     if report.flops_per_token:
         lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory

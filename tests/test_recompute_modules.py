@@ -135,3 +135,21 @@ def test_the_planner_recomputes_modules_where_they_fit_best() -> None:
         assert overrides(trial) == p.overrides
         report = check(trial, H100x1024)
         assert report.valid and report.fits, (p.overrides, report.problems)
+
+
+def test_check_shows_the_recompute_and_suggests_full_recompute_without_the_modules() -> None:
+    from recipes.check import _candidates, render
+
+    _, cfg = resolve("deepseek_v3_pretrain", [])
+    assert "recompute selective: mla_up_proj,mlp" in render(check(cfg, H100x1024)).splitlines()
+    full = [c for c in _candidates(cfg, H100x1024) if "model.recompute_granularity=full" in c]
+    assert full == [
+        [
+            "model.recompute_granularity=full",
+            "model.recompute_method=uniform",
+            "model.recompute_num_layers=1",
+            "model.recompute_modules=None",
+        ]
+    ]
+    apply_overrides(cfg, full[0])
+    assert validate(cfg, H100x1024) == []
