@@ -5,14 +5,15 @@ layout that gives the embedding and the loss a layer's place), EP and ETP for Mo
 layout and micro batch size the planner takes the least recompute that fits (none, selective of
 the attention kernel, selective of the light modules (MLA's up projections, the norms, the experts'
 activation), selective of those and the MLPs, full recompute of the first n layers of every chunk,
-then of every layer): recompute only costs time, so more of it than fits needs is never faster. The distributed optimizer stays on unless pinned off:
-a reduce-scatter plus an all-gather move an all-reduce's bytes, so a plan without it is neither
-faster nor smaller. Fields given on the command line are pinned; the rest is searched.
+then of every layer): recompute only costs time, so more of it than fits needs is never faster.
+The distributed optimizer stays on unless pinned off: a reduce-scatter plus an all-gather move an
+all-reduce's bytes, so a plan without it is neither faster nor smaller. Fields given on the
+command line are pinned; the rest is searched.
 
 Search is best-first: every layout and micro batch is first priced without recompute (a bound, as
 recompute only adds time); only the cheapest are then sized for memory and checked with the rules
 of `recipes check`, until the next bound cannot beat the K-th plan found. Nothing here imports
-torch: `plan` answers on a login node (bench/plan_speed.py times DeepSeek-V3 on 1024 GPUs).
+torch: `plan` answers on a login node (bench/cli_latency.py times DeepSeek-V3 on 1024 GPUs).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
     [("llama3_8b_pretrain", H100), ("qwen3_30b_a3b_pretrain", Cluster(1, 8, "b200"))],
 )
 def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cluster) -> None:
-    """The bound, the weights-only memory cut and the recompute bisection lose nothing."""
+    """The bound and the weights-only memory cut lose nothing."""
     found = _plans(recipe, [], cluster, top=5)
     expected = _exhaustive(recipe, cluster, 5)
     got = [
