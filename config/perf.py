@@ -392,9 +392,11 @@ def rank_loads(
     return tuple(tuple(load) for load in loads)
 
 
-def _rank_terms(costs: LayerCosts, load: tuple[float, ...], modules: list[str]) -> dict[str, float]:
+def _rank_terms(
+    costs: LayerCosts, load: tuple[float, ...], selective: tuple[dict, dict]
+) -> dict[str, float]:
     dense, moe, dense_rc, moe_rc, mtp, emb, out, dense_sel, moe_sel = load
-    again_dense, again_moe = selective_terms(costs, modules)
+    again_dense, again_moe = selective
     terms = dict.fromkeys(TERMS, 0.0)
     for name in TERMS:
         d, x = costs.dense[name], costs.moe[name]
@@ -436,13 +438,13 @@ def predict(
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
         loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
-    modules = selective_modules(m)
-    weights = (*costs.per_slot, *(sum(t.values()) for t in selective_terms(costs, modules)))
+    selective = selective_terms(costs, selective_modules(m))
+    weights = (*costs.per_slot, *(sum(t.values()) for t in selective))
     totals = {load: sum(n * w for n, w in zip(load, weights, strict=True)) for load in set(loads)}
     slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
     mean = sum(totals[load] for load in loads) / pp
     if detail:
-        terms = _rank_terms(costs, slowest, modules)
+        terms = _rank_terms(costs, slowest, selective)
         step = {name: microbatches * value for name, value in terms.items()}
     else:
         step = {"layers": microbatches * totals[slowest]}

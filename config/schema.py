@@ -339,6 +339,11 @@ RECOMPUTE_MODULES = (
 )
 
 
+def comma_names(text: str) -> list[str]:
+    """A comma-separated field (peft.target_modules, model.recompute_modules) as a list of names."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def selective_modules(model: ModelConfig) -> list[str]:
     """The modules selective recompute rebuilds, as Megatron-Core reads them: none without
     recompute_granularity=selective, core_attn when recompute_modules is unset."""
@@ -346,7 +351,7 @@ def selective_modules(model: ModelConfig) -> list[str]:
         return []
     if model.recompute_modules is None:
         return ["core_attn"]
-    return [name.strip() for name in model.recompute_modules.split(",") if name.strip()]
+    return comma_names(model.recompute_modules)
 
 
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")

@@ -38,6 +38,13 @@ from config.perf import StepTime, layer_costs, predict, rank_loads, rank_params,
 from config.rules import validate
 from config.schema import TrainingConfig
 
+# The recompute fields, in the order of the planner's recompute tuples.
+RECOMPUTE_KEYS = (
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.recompute_num_layers",
+    "model.recompute_modules",
+)
 # The fields the planner chooses, and so the fields a command-line override pins.
 PAR = "parallel."
 LAYOUT_FIELDS = (
@@ -50,10 +57,7 @@ LAYOUT_FIELDS = (
     PAR + "expert_tensor_parallel_size",
     PAR + "sequence_parallel",
     "train.micro_batch_size",
-    "model.recompute_granularity",
-    "model.recompute_method",
-    "model.recompute_num_layers",
-    "model.recompute_modules",
+    *RECOMPUTE_KEYS,
     "optimizer.use_distributed_optimizer",
 )
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
@@ -171,14 +175,6 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
                         ]
                         for ep in choices("expert_model_parallel_size", eps):
                             yield Shape(tp, cp, pp, vpp, layout, ep, etp)
-
-
-RECOMPUTE_KEYS = (
-    "model.recompute_granularity",
-    "model.recompute_method",
-    "model.recompute_num_layers",
-    "model.recompute_modules",
-)
 
 
 def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import LORA_TARGETS, ModelConfig, TrainingConfig
+from config.schema import LORA_TARGETS, ModelConfig, TrainingConfig, comma_names
 
 # The names of the adapter factors, as parameters and in checkpoint keys (training/lora.py).
 ADAPTER_NAMES = ("lora_A", "lora_B")
@@ -23,7 +23,7 @@ def is_adapter(name: str) -> bool:
 
 def targets(text: str) -> list[str]:
     """peft.target_modules as a list of names."""
-    return [name.strip() for name in text.split(",") if name.strip()]
+    return comma_names(text)
 
 
 def present(model: ModelConfig) -> list[str]:

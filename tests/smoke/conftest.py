@@ -44,6 +44,24 @@ BASE: dict[str, Any] = {
 }
 
 
+# Overrides that make BASE a small MoE (4 experts, top 2, the CPU's allgather dispatcher) or give
+# it MLA attention (DeepSeek-V3's), for the tests that compare two runs of it.
+MOE = (
+    "model.num_moe_experts=4",
+    "model.moe_router_topk=2",
+    "model.moe_ffn_hidden_size=64",
+    "model.moe_token_dispatcher_type=allgather",
+)
+MLA = (
+    "model.multi_latent_attention=true",
+    "model.q_lora_rank=32",
+    "model.kv_lora_rank=16",
+    "model.qk_head_dim=16",
+    "model.qk_pos_emb_head_dim=8",
+    "model.v_head_dim=16",
+)
+
+
 def _env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     for var in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR"):

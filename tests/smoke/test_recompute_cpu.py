@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.smoke.conftest import Planned, Runs, assert_same_training
+from tests.smoke.conftest import MLA, MOE, Planned, Runs, assert_same_training
 
 pytestmark = pytest.mark.smoke
 
@@ -22,18 +22,10 @@ BASE = (
     "parallel.sequence_parallel=true",
     "precision=fp32",
     "train.max_steps=6",
-    "model.multi_latent_attention=true",
-    "model.q_lora_rank=32",
-    "model.kv_lora_rank=16",
-    "model.qk_head_dim=16",
-    "model.qk_pos_emb_head_dim=8",
-    "model.v_head_dim=16",
-    "model.num_moe_experts=4",
-    "model.moe_router_topk=2",
-    "model.moe_ffn_hidden_size=64",
+    *MLA,
+    *MOE,
     "model.moe_shared_expert_intermediate_size=64",
     "model.moe_first_k_dense_layers=1",
-    "model.moe_token_dispatcher_type=allgather",
 )
 MODULES = {"light": "mla_up_proj,layernorm,mlp,shared_experts", "moe": "moe"}
 PLANNED = {"recompute_none": Planned(2, BASE)} | {

@@ -17,26 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.smoke.conftest import Planned, Runs, assert_same_training
+from tests.smoke.conftest import MLA, MOE, Planned, Runs, assert_same_training
 
 pytestmark = pytest.mark.smoke
 
 TP2 = ("parallel.tensor_model_parallel_size=2", "precision=fp32", "train.max_steps=6")
-MOE = (
-    "model.num_moe_experts=4",
-    "model.moe_router_topk=2",
-    "model.moe_ffn_hidden_size=64",
-    "model.moe_token_dispatcher_type=allgather",
-)
-# MLA (DeepSeek-V3's attention): its own down projections and norms on the sequence shards.
-MLA = (
-    "model.multi_latent_attention=true",
-    "model.q_lora_rank=32",
-    "model.kv_lora_rank=16",
-    "model.qk_head_dim=16",
-    "model.qk_pos_emb_head_dim=8",
-    "model.v_head_dim=16",
-)
 VARIANTS = {"dense": (), "moe": MOE, "mla": MLA}
 PLANNED = {
     f"sp_{variant}_{sp}": Planned(2, (*TP2, *extra, f"parallel.sequence_parallel={sp}"))
