@@ -4,6 +4,10 @@ Built as Megatron-LM's `get_model` / `setup_model_and_optimizer` do, without its
 GPTModel chunks -> Float16Module (BF16/FP16) -> DistributedDataParallel (grad buffers, bucketed
 and overlapped reduce-scatter / all-reduce) -> `get_megatron_optimizer` (the distributed optimizer
 shards FP32 master weights and Adam moments over DP) -> OptimizerParamScheduler.
+
+With parallel.use_megatron_fsdp, Megatron-Core's FullyShardedDataParallel takes DDP's place: it
+shards what parallel.data_parallel_sharding_strategy names over DP x CP and gathers each
+transformer layer's weights as the layer runs; the same optimizer steps its shards.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ def ddp_config(cfg: TrainingConfig, derived: Derived) -> DistributedDataParallel
         # Stop at the first NaN gradient, except in FP16: there the loss scale starts high on
         # purpose and the first steps overflow; the dynamic loss scaler skips them and backs off.
         check_for_nan_in_grad=not fp16,
+        use_megatron_fsdp=par.use_megatron_fsdp,
+        data_parallel_sharding_strategy=(
+            par.data_parallel_sharding_strategy if par.use_megatron_fsdp else "no_shard"
+        ),
+        # Megatron-FSDP keeps its gradients in the compute dtype unless told, and does not read
+        # grad_reduce_in_fp32: this field's meaning carries over by its own setting.
+        megatron_fsdp_main_grads_dtype=torch.float32 if par.grad_reduce_in_fp32 else None,
     )
 
 
@@ -86,6 +97,12 @@ def build_model(
         chunks = [Float16Module(config, chunk) for chunk in chunks]
 
     ddp = ddp_config(cfg, derived)
+    if ddp.use_megatron_fsdp:
+        # Scaling fused into the reduction is NCCL's pre-multiplied sum, which gloo lacks.
+        ddp.gradient_reduce_div_fusion = device != "cpu"
+        return [
+            _fully_sharded(config, ddp, chunk, index, device) for index, chunk in enumerate(chunks)
+        ], config
     wrapped = []
     for index, chunk in enumerate(chunks):
         layout = None
@@ -114,6 +131,27 @@ def build_model(
             )
         )
     return wrapped, config
+
+
+def _fully_sharded(
+    config: TransformerConfig,
+    ddp: DistributedDataParallelConfig,
+    chunk: torch.nn.Module,
+    index: int,
+    device: str,
+) -> torch.nn.Module:
+    """One chunk in Megatron-FSDP, its shards on this rank's device; later chunks, like DDP's,
+    reduce their gradients in one bucket."""
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else device
+    return FullyShardedDataParallel(
+        config=config,
+        ddp_config=ddp,
+        module=chunk,
+        disable_bucketing=index > 0,
+        device=torch.device(where),
+    )
 
 
 def build_optimizer(

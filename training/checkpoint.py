@@ -167,9 +167,12 @@ class Checkpointer:
         if ckpt_state.adapted(self.model) and pretrained:
             # A LoRA checkpoint holds the adapters; the frozen base is the pretrained weights.
             self._load_pretrained(Path(pretrained), resuming=True)
-        ckpt_state.load_model_and_optimizer(
-            self.model, self.optimizer, path, saved["dist_optimizer_sharding"]
-        )
+        if saved["dist_optimizer_sharding"] == ckpt_state.FSDP_SHARDING:
+            ckpt_state.load_fsdp(self.model, self.optimizer, path)
+        else:
+            ckpt_state.load_model_and_optimizer(
+                self.model, self.optimizer, path, saved["dist_optimizer_sharding"]
+            )
         self.states["train"].load_state_dict({"step": saved["step"]})
         self.states["scheduler"].load_state_dict(saved["scheduler"])
         same_world = saved["world_size"] == dist.get_world_size()
@@ -329,13 +332,17 @@ class Checkpointer:
         # A writer helper that outlives the exit signals.
         checkpoint_helpers.results_queue(self._async_strategy)
         sharding = info["dist_optimizer_sharding"]
-        request = dist_checkpointing.save(
-            ckpt_state.sharded_state_dict(self.model, self.optimizer, sharding, False),
-            str(tmp),
-            sharded_strategy=self._save_strategy(),
-            async_sharded_save=self._async_queue is not None,
-            async_strategy=self._async_strategy,
-        )
+        if sharding == ckpt_state.FSDP_SHARDING:  # torch DCP writes the DTensor shards itself
+            ckpt_state.save_fsdp(self.model, self.optimizer, tmp)
+            request = None
+        else:
+            request = dist_checkpointing.save(
+                ckpt_state.sharded_state_dict(self.model, self.optimizer, sharding, False),
+                str(tmp),
+                sharded_strategy=self._save_strategy(),
+                async_sharded_save=self._async_queue is not None,
+                async_strategy=self._async_strategy,
+            )
         # After save(): Megatron warns about a folder that is not empty when it starts.
         ckpt_state.save_rng(tmp, self.rank, states["rng"])
         ckpt_state.save_data(tmp, self.rank, states["data"])

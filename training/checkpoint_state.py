@@ -45,6 +45,8 @@ from config.rules.peft import is_adapter
 from config.schema import TrainingConfig
 from config.tree import to_dict
 
+# The optimizer state's format in a Megatron-FSDP checkpoint (Megatron-Core's name for it).
+FSDP_SHARDING = "fsdp_dtensor"
 FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
 # The named states a checkpoint holds besides the model and the optimizer.
 STATES = ("train", "scheduler", "rng", "data")
@@ -64,6 +66,7 @@ def layout(cfg: TrainingConfig) -> dict[str, Any]:
         "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
         "expert_model_parallel_size": par.expert_model_parallel_size,
         "use_distributed_optimizer": cfg.optimizer.use_distributed_optimizer,
+        "use_megatron_fsdp": par.use_megatron_fsdp,
     }
 
 
@@ -78,7 +81,11 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         "config_hash": config_hash(cfg),
         "layout": layout(cfg),
         "world_size": dist.get_world_size(),
-        "dist_optimizer_sharding": cfg.checkpoint.dist_optimizer_sharding,
+        "dist_optimizer_sharding": (
+            FSDP_SHARDING
+            if cfg.parallel.use_megatron_fsdp
+            else cfg.checkpoint.dist_optimizer_sharding
+        ),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # What `recipes export` needs to write a Hugging Face folder: the architecture, the
         # tokenizer's files, and the Hugging Face folder the run started from (its config.json).
@@ -125,12 +132,19 @@ def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -
     changed = {
         k: (saved["layout"].get(k), v) for k, v in now.items() if saved["layout"].get(k) != v
     }
-    if changed and saved["dist_optimizer_sharding"] == "dp_reshardable":
+    sharding = saved["dist_optimizer_sharding"]
+    if changed and (sharding != "fully_reshardable" or "use_megatron_fsdp" in changed):
         detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+        fix = (
+            "keep parallel.use_megatron_fsdp as saved: Megatron-FSDP and Megatron DDP "
+            "checkpoints differ in format"
+            if "use_megatron_fsdp" in changed
+            else "Resume with the saved layout, or save with "
+            "checkpoint.dist_optimizer_sharding=fully_reshardable (Megatron DDP)"
+        )
         raise ValueError(
-            f"{folder} was saved with another parallel layout ({detail}); its 'dp_reshardable' "
-            "optimizer state reshards over data parallelism only. Resume with the saved layout, "
-            "or save with checkpoint.dist_optimizer_sharding=fully_reshardable"
+            f"{folder} was saved with another parallel layout ({detail}); its {sharding!r} "
+            f"optimizer state reshards over data parallelism only. {fix}"
         )
 
 
@@ -138,10 +152,109 @@ def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:
     """The bare GPT modules (no DDP / Float16Module wrappers) by checkpoint key."""
     from megatron.core.utils import unwrap_model  # here: `recipes export` reads without it
 
-    chunks = unwrap_model(list(model))
+    chunks = unwrap_model([_unsharded(chunk) for chunk in model])
     if len(chunks) == 1:
         return {"model": chunks[0]}
     return {f"model{i}": chunk for i, chunk in enumerate(chunks)}
+
+
+def _unsharded(chunk: Any) -> Any:
+    """A Megatron-FSDP chunk's module inside MegatronFSDP, which unwrap_model does not know."""
+    if fully_sharded([chunk]):
+        return chunk.module.module
+    return chunk
+
+
+def fully_sharded(model: list[Any]) -> bool:
+    """Whether the chunks are in Megatron-FSDP (parallel.use_megatron_fsdp)."""
+    ddp = getattr(model[0], "ddp_config", None) if model else None
+    return bool(getattr(ddp, "use_megatron_fsdp", False))
+
+
+def fsdp_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    """What a Megatron-FSDP run saves, in Megatron-LM's fsdp_dtensor format: each chunk's
+    `state_dict()` (its DTensor shards, under the same keys as `model_chunks`) and the optimizer's
+    state by parameter name. torch's distributed checkpoint writes and reads it directly, and
+    reshards DTensors over another data-parallel size by itself."""
+    if is_loading:
+        _allocate_optimizer_state(optimizer)
+    _state_for_empty_shards(optimizer)
+    (chunk,) = model  # the checker keeps Megatron-FSDP to one chunk (no pipeline parallelism)
+    state = {"model": chunk.module.state_dict()}  # MegatronFSDP's, as Megatron-LM saves it
+    state["optimizer"] = optimizer.sharded_state_dict(
+        state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": FSDP_SHARDING}
+    )
+    return state
+
+
+def _state_for_empty_shards(optimizer: Any) -> None:
+    """Optimizer state, of no elements, for the parameters whose shard on this rank is empty.
+
+    Megatron-FSDP splits each bucket of parameters evenly over the ranks, so a small one (a norm)
+    can lie wholly on another rank, and the optimizer never steps its empty shard here: it has no
+    state. Every rank must still name every tensor to DCP, in the same order, since preparing an
+    unevenly sharded one is a collective over its group (measured: without this, the save hangs).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        model = next((s for s in inner.state.values() if s), None)
+        if model is None:
+            continue
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if inner.state.get(param):
+                    continue
+                inner.state[param] = {
+                    key: torch.zeros_like(param, dtype=value.dtype)
+                    if isinstance(value, torch.Tensor) and value.dim() > 0
+                    else (value.clone() if isinstance(value, torch.Tensor) else value)
+                    for key, value in model.items()
+                }
+
+
+def _for_dcp(state: dict[str, Any], chunk: Any) -> dict[str, Any]:
+    """`fsdp_state_dict` as Megatron-LM hands it to torch's DCP (its
+    `preprocess_fsdp_dtensor_state_dict`, with Megatron-Core's own handlers): TE's FP8 extra
+    state as bytes, SwiGLU's fused FC1 split into its two halves (so TP shards them alike), local
+    expert indices made global, and the chunk layout of unevenly sharded DTensors."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer import fsdp_dtensor_checkpoint as handlers
+
+    state = dict(state)
+    handlers.handle_fp8_extra_state_case(state["model"])
+    config = chunk.config
+    if config.gated_linear_unit:
+        state["model"], state["optimizer"] = handlers.handle_swiglu_in_state_dict(
+            chunk, state["model"], state["optimizer"]
+        )
+    if config.num_moe_experts:
+        state["model"] = handlers.handle_experts_in_state_dict(
+            state["model"], config.num_moe_experts
+        )
+    preprocess_state_dict_for_uneven_dtensor(state)
+    return state
+
+
+def save_fsdp(model: list[Any], optimizer: Any, folder: Path) -> None:
+    from torch.distributed import checkpoint as dcp
+
+    state = fsdp_state_dict(model, optimizer, False)
+    dcp.save(_for_dcp(state, model[0].module), checkpoint_id=str(folder))
+
+
+def load_fsdp(model: list[Any], optimizer: Any, folder: Path) -> None:
+    """A Megatron-FSDP checkpoint into the chunk's shards and the optimizer, in place: DCP fills
+    the preprocessed tensors, views of the chunk's and the optimizer's own."""
+    from torch.distributed import checkpoint as dcp
+
+    raw = fsdp_state_dict(model, optimizer, True)
+    with safe_loading(folder):
+        dcp.load(_for_dcp(raw, model[0].module), checkpoint_id=str(folder))
+    model[0].load_state_dict(raw["model"])
+    optimizer.load_state_dict(raw["optimizer"])
+    _restore_adam_steps(optimizer)
 
 
 def adapted(model: list[Any]) -> bool:
@@ -188,11 +301,15 @@ _METADATA_MODULES = {
     "torch.distributed.checkpoint.filesystem",
 }
 _METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout")}
+# torch's own DCP writer (Megatron-FSDP checkpoints) records the folder it wrote, as a path.
+_PATHS = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         of_torch = module == "torch" or module.startswith("torch.")
+        if (module, name) in _PATHS:
+            return super().find_class(module, name)
         found = super().find_class(module, name) if of_torch else None
         plain_class = isinstance(found, type) and module in _METADATA_MODULES
         if plain_class or (module, name) in _METADATA_GLOBALS or isinstance(found, torch.dtype):

@@ -33,6 +33,11 @@ on GPUs):
    passes its `fp8 is not None` test. Without TE those names are undefined, so on the CPU the
    module gets TE's answers for a run without FP8 (`_NoFP8`: FP8 off, no-op contexts).
 
+6. Megatron-FSDP builds torch DeviceMeshes of device type "cuda" over Megatron's process groups
+   (`_CpuDeviceMesh` builds them on the CPU) and moves a shard check's tensor with `.cuda()`;
+   the rest is item 1's (its modules use `torch.device(f"cuda:{...}")` too, which the proxy's
+   `torch.device` maps to the CPU). tests/smoke/test_fsdp_cpu.py holds it to Megatron DDP.
+
 What still needs a GPU (see config/rules/precision.py `cpu`; `--shrink` replaces them, see
 recipes/shrink.py `cpu_substitutes`): context parallel, the alltoall and flex MoE dispatchers and
 FP8/FP4. Measured here: TP with and without SP, PP (with virtual stages), DP with the distributed
@@ -81,6 +86,15 @@ _MODULES: dict[str, str] = {
     "to current_device()",
     "megatron.core.rerun_state_machine": 'result checks all-reduce flags on "cuda"; its state '
     "(for checkpoints) holds torch.cuda.get_rng_state()",
+    # Megatron-FSDP (parallel.use_megatron_fsdp).
+    "megatron.core.distributed.fsdp.mcore_fsdp_adapter": "its device: cuda:current_device()",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp": "side streams for the "
+    "buffer copies and the parameter gather; the device check",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer": "gather and "
+    "reduce-scatter streams and events, synchronize(), buffers on the device",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.utils": "RNG states, buffers on "
+    "current_device()",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.mixed_precision": 'the overflow flag on "cuda"',
     # Checkpoints (training/checkpoint.py): the synchronous torch_dist save.
     "megatron.core.dist_checkpointing.strategies.filesystem_async": "synchronize() before "
     "staging tensors for writing",
@@ -124,6 +138,9 @@ class _NullStream:
         pass
 
     def wait_event(self, *args: Any) -> None:
+        pass
+
+    def wait(self, *args: Any) -> None:
         pass
 
     def record_event(self, *args: Any) -> _NullStream:
@@ -173,12 +190,41 @@ def _cpu_cuda_namespace() -> _CpuCuda:
     )
 
 
+class _CpuDeviceMeta(type):
+    """torch.device for the listed modules: "cuda" and "cuda:N" name the CPU; isinstance and
+    every other device are torch's."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> torch.device:
+        if args and isinstance(args[0], str) and args[0].startswith("cuda"):
+            return _CPU
+        return torch.device(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch.device)
+
+
+class _CpuDevice(metaclass=_CpuDeviceMeta):
+    pass
+
+
+class _CpuDeviceMesh:
+    """DeviceMesh as Megatron-FSDP's adapter sees it on the CPU: its meshes, built over the
+    process groups with device_type "cuda", are built with "cpu" (the gloo groups' device)."""
+
+    @staticmethod
+    def from_group(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed import DeviceMesh
+
+        return DeviceMesh.from_group(*args, **{**kwargs, "device_type": "cpu"})
+
+
 class _CpuTorch(types.ModuleType):
     """torch as the listed modules see it on the CPU: CUDA factories and torch.cuda redirected."""
 
     def __init__(self) -> None:
         super().__init__("torch")
         self.cuda = _cpu_cuda_namespace()
+        self.device = _CpuDevice
         for name in _FACTORIES:
             setattr(self, name, _cpu_factory(getattr(torch, name)))
 
@@ -353,4 +399,11 @@ def enable() -> None:
     if not random.HAVE_TE:
         random.FP8GlobalStateManager = _NoFP8
         random.activation_recompute_forward = random.fp8_autocast = _NoFP8.context
+    # 6. Megatron-FSDP: device meshes over the gloo groups, and a .cuda() in a shard check.
+    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer
+
+    mcore_fsdp_adapter.DeviceMesh = _CpuDeviceMesh
+    check = param_and_grad_buffer.validate_uneven_dtensor
+    param_and_grad_buffer.validate_uneven_dtensor = _as_if_on_cuda(check)
     _enabled = True

@@ -15,6 +15,7 @@ from config.rules.batch import batch
 from config.rules.choices import choices
 from config.rules.cluster import cluster_size
 from config.rules.data import data
+from config.rules.fsdp import fsdp
 from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.parallel import parallel, pipeline
@@ -35,6 +36,7 @@ RULES = (
     choices,
     parallel,
     pipeline,
+    fsdp,
     batch,
     moe,
     model,
