@@ -13,16 +13,18 @@ job runs out of memory on its most loaded rank.
   on the ranks that build them. With tied embeddings and PP > 1 the last rank keeps its own copy
   of the embedding for the output (Megatron all-reduces the two gradients). A vision encoder and
   its projector sit with the embedding on the first rank.
-- Weights 2 bytes (BF16/FP16), 4 with precision=fp32 (whose activations are still counted as
-  BF16's: that preset is for exact comparisons on the CPU, not for GPU runs). FP8 presets add 2 bytes per decoder-layer parameter: TE casts each
-  weight once per step and caches the FP8 copy row- and column-wise for all microbatches (the
-  backward GEMM needs the transpose).
+- Weights 2 bytes (BF16/FP16), 4 with precision=fp32 (activations still counted as BF16's). FP8
+  adds 2 bytes per decoder-layer parameter: TE casts each weight once per step and caches the FP8
+  copy row- and column-wise for all microbatches (the backward GEMM needs the transpose).
 - Gradients 4 bytes with parallel.grad_reduce_in_fp32, else 2: Megatron's DDP keeps one full-size
   gradient buffer even with the distributed optimizer, which reduce-scatters out of it.
 - Optimizer: FP32 master 4 + Adam moments 8 = 12 bytes (SGD: master 4 + momentum 4), divided with
   the distributed optimizer by the group it shards over: DP x CP for dense parameters (Megatron's
   data-parallel group spans CP), the expert-data-parallel group for experts. Hence DESIGN's
   6 + 12/DP bytes per parameter, 18 without. Frozen parameters (vision.freeze_*) hold weights only.
+- Megatron-FSDP (parallel.use_megatron_fsdp) shards weights and gradients as the optimizer state.
+  Gathered at a time: the root module's (embedding, output layer, final norm), two layers'
+  weights (this one, the next prefetched; FP8 copies cast per layer), one layer's gradients.
 - Activations per layer and microbatch after Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models": 34 s b h bytes / TP with sequence parallel, (10 +
   24/TP) s b h without, for s = seq_length / CP. Megatron-Core always runs a flash/fused attention
@@ -474,12 +476,19 @@ def estimate_memory(
     weight_bytes, _, grad_bytes, opt_bytes = bytes_per_parameter(cfg, derived.preset)
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group, expert_group = (dp * par.context_parallel_size, edp or 1) if sharded else (1, 1)
+    fsdp = par.use_megatron_fsdp  # sharded as the optimizer state, plus what is gathered
+    root = (count.embedding + count.output + count.final_norm) / tp
+    unit = max(count.dense_per_layer / tp, (moe_dense / tp + experts) if m.num_moe_experts else 0)
     best: MemoryEstimate | None = None
     for rank, r in enumerate(ranks):
         counts = _in_flight(pp, vpp, rank, mbs)
         params = r["dense"] + r["expert"] + r["frozen"]
         weights = weight_bytes * params + (2 * r["decoder"] if fp8 else 0)
         grads = grad_bytes * (r["dense"] + r["expert"])
+        if fsdp:
+            shard = r["dense"] / dense_group + r["expert"] / expert_group
+            weights = weight_bytes * (shard + r["frozen"] / dense_group + root + 2 * unit)
+            weights, grads = weights + (4 * unit if fp8 else 0), grad_bytes * (shard + root + unit)
         optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
         parts = [x / GIB for x in (weights, grads, optimizer, activations, r["logits"])]

@@ -29,11 +29,11 @@ A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when 
 consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
 between experts (the published MoE runs force-balance them), DeepEP's node-limited dispatch,
-Megatron-FSDP, CUDA graphs, the vision encoder's compute, and communication contending with compute
-for memory bandwidth.
+CUDA graphs, the vision encoder's compute, and communication contending with compute for SMs and
+memory bandwidth (except Megatron-FSDP's, every microbatch: overlap_contention).
 
-The constants live in one table, CONSTANTS, with their sources; tests/test_plan_calibration.py
-reports the error on every published run.
+The constants live in one table, config/perf_constants.py's CONSTANTS, with their sources;
+tests/test_plan_calibration.py reports the error on every published run.
 """
 
 from __future__ import annotations
@@ -53,92 +53,8 @@ from config.estimate import (
 )
 from config.finalize import Derived
 from config.hardware import Cluster
+from config.perf_constants import CONSTANTS, VALUES  # noqa: F401 (CONSTANTS: the sources)
 from config.schema import TrainingConfig, selective_modules
-
-# name -> (value, source). Fractions are of config/hardware.py's data-sheet peaks and links.
-CONSTANTS: dict[str, tuple[float, str]] = {
-    "gemm_bf16": (
-        0.70,
-        "calibrated on the BF16 runs of tests/published_runs.py (Llama 3.1 8B, 70B, 405B): "
-        "~690 of 989 TFLOPS, below the 700-800 that large square BF16 GEMMs reach on H100 SXM, "
-        "as a layer's GEMMs are neither square nor alone",
-    ),
-    "gemm_fp8": (
-        0.58,
-        "calibrated on the FP8 runs of tests/published_runs.py (Llama 3 70B, 3.1 405B): "
-        "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
-    ),
-    "gemm_fp4": (0.55, "assumed below FP8's: no published NVFP4 run to calibrate on"),
-    "gemm_half_dim": (
-        128.0,
-        "the GEMM dimension at which a GEMM would lose half its rate (the rate falls as "
-        "1 / (1 + d0/M + d0/N + d0/K)): tensor-core tiles are 128-256 wide, so a shard narrower "
-        "than a few tiles wastes them; calibrated",
-    ),
-    "expert_half_dim": (
-        3000.0,
-        "the same for MoE experts' grouped GEMMs, which run far from cuBLAS's dense rate at small "
-        "sizes (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on Qwen3 "
-        "30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
-    ),
-    "attention_half_len": (
-        512.0,
-        "the query/key block length at which flash attention loses half its rate: context "
-        "parallelism runs it on blocks of seq/CP; calibrated",
-    ),
-    "attention": (
-        0.45,
-        "flash attention forward + backward, causal, head dim 128, BF16 on H100: FlashAttention-3 "
-        "(Shah et al. 2024) reports 600-740 TFLOPS forward and less backward; ~450 of 989 for both",
-    ),
-    "memory_passes": (
-        4.0,
-        "memory-bound kernels read and write each saved activation about four times (forward "
-        "write, backward read, norm and activation kernels); calibrated",
-    ),
-    "fp8_cast_bytes": (
-        6.0,
-        "bytes moved per FP8 GEMM input element: amax read (2) + BF16 read (2) + FP8 write (1) "
-        "forward, ~the same for the gradient; TE's current-scaling cast kernels",
-    ),
-    "nvlink": (
-        0.80,
-        "NCCL bus bandwidth / NVLink's one-way figure: large all-reduces on DGX H100 measure "
-        "~360-480 GB/s (nccl-tests, with and without NVLink SHARP)",
-    ),
-    "network": (
-        0.90,
-        "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC, what "
-        "nccl-tests measure across DGX H100 nodes on InfiniBand NDR",
-    ),
-    "tp_exposed": (
-        0.40,
-        "share of TP collectives not hidden: TE's userbuffers overlap the rest with the GEMMs "
-        "(Megatron-Bridge performance configs set tp_comm_overlap); calibrated",
-    ),
-    "ep_exposed": (
-        0.10,
-        "share of the MoE alltoall not hidden (Megatron-Core's a2a overlap and shared-expert "
-        "overlap in the published MoE runs); calibrated",
-    ),
-    "p2p_exposed": (
-        0.30,
-        "share of pipeline sends not hidden: the interleaved schedule overlaps them "
-        "(overlap_p2p_comm), 1F1B batches them with compute; calibrated",
-    ),
-    "layer_overhead_s": (
-        3e-4,
-        "fixed seconds per layer and microbatch, forward and backward: ~60 kernel launches at "
-        "~5 us each when the host issues them (no CUDA graphs), which small work units do not "
-        "hide; calibrated",
-    ),
-    "optimizer_bytes": (
-        32.0,
-        "bytes per parameter of the optimizer step: read and write the FP32 master and both Adam "
-        "moments (24), read the gradient (4) and write the BF16 weight (2), rounded up",
-    ),
-}
-VALUES: dict[str, float] = {name: value for name, (value, _) in CONSTANTS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,7 +376,8 @@ def predict(
 
     # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
     # optimizer) or all-reduce (twice the bytes of a reduce-scatter); the last microbatch's
-    # backward and the first one's forward hide what overlaps.
+    # backward and the first one's forward hide what overlaps. Megatron-FSDP does it for every
+    # microbatch (the weights twice, for forward and backward), behind every one's compute.
     dense_p, expert_p = rank_params(costs.params, slowest)
     grad = 4 if par.grad_reduce_in_fp32 else 2
     sharded = cfg.optimizer.use_distributed_optimizer
@@ -476,11 +393,17 @@ def predict(
             reduce += grad * share * (1 if sharded else 2)
             gather += 2 * share if sharded else 0.0
     backward = 2 / 3 * totals[slowest]
+    if par.use_megatron_fsdp:  # per microbatch: weights gathered twice (BF16), grads scattered
+        reduce, gather = reduce * microbatches, gather * 2 * microbatches
+        backward, forward = backward * microbatches, totals[slowest] / 3 * microbatches
+    else:
+        forward = totals[slowest] / 3  # the first microbatch's
+    hidden = 0.0  # what overlaps compute slows it a little (SMs and HBM bandwidth taken)
     if par.overlap_grad_reduce:
-        reduce = max(0.0, reduce - backward)
+        hidden, reduce = min(reduce, backward), max(0.0, reduce - backward)
     if par.overlap_param_gather and sharded:
-        gather = max(0.0, gather - totals[slowest] / 3)  # the first microbatch's forward
-    step["dp"] = reduce + gather
+        hidden, gather = hidden + min(gather, forward), max(0.0, gather - forward)
+    step["dp"] = reduce + gather + k["overlap_contention"] * hidden
     shard = dense_p / dense_group + expert_p / edp if sharded else dense_p + expert_p
     step["optimizer"] = k["optimizer_bytes"] * shard / (spec.hbm_gb_s * 1e9)
 

@@ -249,16 +249,12 @@ class ParallelConfig:
     overlap_param_gather: bool = True
     # Keep gradients in FP32 for the reduction (costs 2 bytes/param more than BF16 grads).
     grad_reduce_in_fp32: bool = True
-    # Megatron-FSDP in place of Megatron DDP: shards over the data-parallel (x CP) ranks what
-    # data_parallel_sharding_strategy names, all-gathering each layer's weights just before it
-    # runs. Needs the distributed optimizer; checkpoints are torch DCP folders (Megatron-LM's
-    # fsdp_dtensor format), so a run cannot switch it on or off across a resume.
+    # Megatron-FSDP in place of Megatron DDP: shards the weights, gradients and optimizer state
+    # over the data-parallel (x CP) ranks (ZeRO-3, Megatron-Core's optim_grads_params), gathering
+    # each transformer layer's weights just before it runs. Needs the distributed optimizer;
+    # checkpoints are torch DCP folders (Megatron-LM's fsdp_dtensor format), so a run cannot
+    # switch it on or off across a resume.
     use_megatron_fsdp: bool = False
-    # optim: the optimizer state (what the distributed optimizer shards); optim_grads: and the
-    # gradients; optim_grads_params: and the weights too (ZeRO-3).
-    data_parallel_sharding_strategy: Literal["optim", "optim_grads", "optim_grads_params"] = (
-        "optim_grads_params"
-    )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -33,6 +33,8 @@ FIXED = {
     "optimizer.lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by lr",
     "optimizer.min_lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by "
     "min_lr",
+    "parallel.use_megatron_fsdp": "Megatron-FSDP's checkpoints (torch DCP, fsdp_dtensor) and "
+    "Megatron DDP's (torch_dist) are different formats",
 }
 
 
@@ -106,14 +108,19 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
             )
         )
     saved = state.get("config")
-    if saved is not None and cfg.checkpoint.dist_optimizer_sharding == "dp_reshardable":
+    sharding = state.get("dist_optimizer_sharding", cfg.checkpoint.dist_optimizer_sharding)
+    if saved is not None and sharding != "fully_reshardable":
         moved = [f for f in differences(saved, cfg) if f.startswith(LAYOUT)]
+        fix = (
+            "keep the layout"
+            if sharding == "fsdp_dtensor"
+            else "keep the layout, or save with fully_reshardable"
+        )
         problems += [
             (
                 field,
                 f"differs from the layout {path} was saved in; its optimizer state "
-                "(checkpoint.dist_optimizer_sharding=dp_reshardable) reloads only into the same "
-                "TP, PP, CP and EP: keep the layout, or save with fully_reshardable",
+                f"({sharding}) reloads only into the same TP, PP, CP and EP: {fix}",
             )
             for field in moved
         ]
@@ -121,13 +128,18 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
         for field, (old, new) in differences(saved, cfg).items():
             why = next((w for k, w in FIXED.items() if field == k or field.startswith(k)), None)
             if why is not None:
+                # pretrained_dir takes a torch_dist checkpoint's weights, not an fsdp_dtensor one's
+                weights = (
+                    ""
+                    if sharding == "fsdp_dtensor"
+                    else (f" with checkpoint.pretrained_dir={path} to take its weights")
+                )
                 problems.append(
                     (
                         field,
                         f"is {new!r} but the checkpoint {path} was saved with {old!r}, and it "
                         f"cannot change on resume ({why}); keep {field}={old!r}, or start "
-                        "afresh in a new logging.run_dir (or checkpoint.save_dir) with "
-                        f"checkpoint.pretrained_dir={path} to take its weights",
+                        f"afresh in a new logging.run_dir (or checkpoint.save_dir){weights}",
                     )
                 )
     if problems:

@@ -17,7 +17,7 @@ from config.tree import ConfigError, to_dict, to_yaml
 from data.cli import add_data_parser, cmd_data
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
-from recipes.plan import render as render_plans
+from recipes.plan_text import render as render_plans
 from recipes.registry import all_recipes, resolve
 
 

@@ -7,8 +7,10 @@ the attention kernel, selective of the light modules (MLA's up projections, the 
 activation), selective of those and the MLPs, full recompute of the first n layers of every chunk,
 then of every layer): recompute only costs time, so more of it than fits needs is never faster.
 The distributed optimizer stays on unless pinned off: a reduce-scatter plus an all-gather move an
-all-reduce's bytes, so a plan without it is neither faster nor smaller. Fields given on the
-command line are pinned; the rest is searched.
+all-reduce's bytes, so a plan without it is neither faster nor smaller. At PP 1 each layout is
+also tried with Megatron-FSDP (parallel.use_megatron_fsdp), which shards weights and gradients too
+at the price of gathering them every microbatch. Fields given on the command line are pinned; the
+rest is searched.
 
 Search is best-first: every layout and micro batch is first priced without recompute (a bound, as
 recompute only adds time); only the cheapest are then sized for memory and checked with the rules
@@ -19,7 +21,6 @@ torch: `plan` answers on a login node (bench/cli_latency.py times DeepSeek-V3 on
 from __future__ import annotations
 
 import copy
-import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunk
 from config.hardware import Cluster
 from config.perf import StepTime, layer_costs, predict, rank_loads, rank_params, shard_params
 from config.rules import validate
+from config.rules.fsdp import fsdp as fsdp_rule
 from config.schema import TrainingConfig
 
 # The recompute fields, in the order of the planner's recompute tuples.
@@ -59,7 +61,9 @@ LAYOUT_FIELDS = (
     "train.micro_batch_size",
     *RECOMPUTE_KEYS,
     "optimizer.use_distributed_optimizer",
+    PAR + "use_megatron_fsdp",
 )
+FSDP = PAR + "use_megatron_fsdp"
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
 # The share of GPU memory a plan leaves free: the estimate's error on measured runs and the
 # allocator's fragmentation late in a run. Every published run is predicted within it.
@@ -92,11 +96,15 @@ class Plan:
     step: StepTime
     memory: MemoryEstimate
 
+    def describe(self) -> str:
+        """The layout, and "FSDP" where Megatron-FSDP replaces Megatron DDP."""
+        return self.shape.describe() + ("  FSDP" if f"{FSDP}=true" in self.overrides else "")
+
     def to_json(self) -> dict:
         name, share = self.step.bottleneck
         return {
             "overrides": self.overrides,
-            "layout": self.shape.describe(),
+            "layout": self.describe(),
             "tokens_per_s_per_gpu": round(self.step.tokens_per_s_per_gpu, 1),
             "tflops_per_gpu": round(self.step.tflops_per_gpu, 1),
             "mfu": round(self.step.mfu, 4),
@@ -208,10 +216,16 @@ def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
 
 
 def _apply(
-    work: TrainingConfig, shape: Shape, mbs: int, recompute: tuple, sp: bool | None = None
+    work: TrainingConfig,
+    shape: Shape,
+    mbs: int,
+    recompute: tuple,
+    sp: bool | None = None,
+    fsdp: bool = False,
 ) -> None:
     """Set `work` to a candidate; sequence parallel with TP > 1 unless pinned (`sp`)."""
     par, m = work.parallel, work.model
+    par.use_megatron_fsdp = fsdp
     par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
     par.pipeline_model_parallel_size = shape.pp
     par.virtual_pipeline_model_parallel_size = shape.vpp
@@ -297,14 +311,16 @@ def plan(
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = cluster.spec.memory_gib * (1 - margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
+    fsdp_runs = _fsdp_runs(work, cluster)
     for shape in shapes(cfg, cluster, pinned):
         recompute = _recomputes(cfg, shape, pinned)[0]
+        shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
-            _apply(work, shape, mbs, recompute, sp)
+            _apply(work, shape, mbs, recompute, sp, shardings[0])
             derived, loads = fast(shape, mbs, recompute)
             if derived is None:
                 continue
-            if static(shape, derived, loads):
+            if static(shape, derived, loads, fsdp=shardings[-1]):
                 break  # weights and optimizer alone overflow: no micro batch or recompute helps
             key = (shape.tp, shape.cp, shape.ep, shape.etp, mbs)
             if key not in costs_cache:
@@ -323,20 +339,36 @@ def plan(
         if bound >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
         group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
-        beat = min(kth, found[group].step.seconds if group in found else kth)
         recomputes = _recomputes(cfg, shape, pinned)
-        for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit, sp):
-            step = predict(work, cluster, derived, costs=costs_cache[key])
-            if step.seconds >= beat:
-                break  # more recompute is only slower
-            if validate(work, cluster, derived):
-                continue  # a rule refuses this recompute (or the layout: then all of them)
-            found[group] = Plan(shape, overrides(work), step, memory)
-            times = sorted(p.step.seconds for p in found.values())
-            kth = times[top - 1] if len(times) >= top else kth
-            break
+        for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
+            beat = min(kth, found[group].step.seconds if group in found else kth)
+            for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit, sp, fsdp):
+                step = predict(work, cluster, derived, costs=costs_cache[key])
+                if step.seconds >= beat:
+                    break  # more recompute is only slower
+                if validate(work, cluster, derived):
+                    continue  # a rule refuses this recompute (or the layout: then all of them)
+                found[group] = Plan(shape, overrides(work), step, memory)
+                times = sorted(p.step.seconds for p in found.values())
+                kth = times[top - 1] if len(times) >= top else kth
+                break
     ranked = sorted(found.values(), key=lambda p: p.step.seconds)
     return ranked[:top], len(bounds)
+
+
+def _fsdp_runs(work: TrainingConfig, cluster: Cluster) -> bool:
+    """Whether Megatron-FSDP can run this config at all (config/rules/fsdp.py, at PP 1)."""
+    trial = copy.deepcopy(work)
+    trial.parallel.use_megatron_fsdp, trial.parallel.pipeline_model_parallel_size = True, 1
+    return not fsdp_rule(trial, cluster, finalize(trial, cluster))
+
+
+def _shardings(shape: Shape, pinned: dict, fsdp_runs: bool) -> list[bool]:
+    """parallel.use_megatron_fsdp choices for a layout: Megatron DDP, and Megatron-FSDP where it
+    runs (PP 1), unless pinned."""
+    if FSDP in pinned:
+        return [bool(pinned[FSDP])]
+    return [False, True] if fsdp_runs and shape.pp == 1 else [False]
 
 
 def _fitting(
@@ -347,6 +379,7 @@ def _fitting(
     recomputes: list[tuple],
     limit: float,
     sp: bool | None = None,
+    fsdp: bool = False,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory.
@@ -355,7 +388,7 @@ def _fitting(
     tried in order (selective and block recompute do not save memory in a fixed order)."""
 
     def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
-        _apply(work, shape, mbs, recomputes[index], sp)
+        _apply(work, shape, mbs, recomputes[index], sp, fsdp)
         derived = finalize(work, cluster)
         memory = estimate_memory(work, cluster, derived)
         return (derived, memory) if memory and memory.total_gib <= limit else None
@@ -380,15 +413,16 @@ class _StaticMemory:
         if work.peft.scheme == "lora":  # a frozen base holds weights only (adapters left out)
             self.grad = self.opt = 0
 
-    def __call__(self, shape: Shape, derived: Derived, loads: tuple) -> bool:
+    def __call__(self, shape: Shape, derived: Derived, loads: tuple, fsdp: bool = False) -> bool:
         params = shard_params(self.count, shape.tp, shape.ep * (shape.etp or shape.tp))
         sharded = self.work.optimizer.use_distributed_optimizer
         dense_group = derived.data_parallel_size * shape.cp if sharded else 1
         expert_group = (derived.expert_data_parallel_size or 1) if sharded else 1
         for load in set(loads):
             dense, experts = rank_params(params, load)
-            held = (self.weight + self.grad) * (dense + experts)
-            if held + self.opt * (dense / dense_group + experts / expert_group) > self.limit:
+            shard = dense / dense_group + experts / expert_group
+            held = (self.weight + self.grad) * (shard if fsdp else dense + experts)
+            if held + self.opt * shard > self.limit:
                 return True
         return False
 
@@ -402,75 +436,3 @@ def pinned(cfg: TrainingConfig, user_overrides: list[str]) -> dict[str, object]:
             node, name = path.rsplit(".", 1)
             out[path] = getattr(getattr(cfg, node), name)
     return out
-
-
-def command(name: str, cfg: TrainingConfig, cluster: Cluster, user: list[str], p: Plan) -> str:
-    """`recipes run` with the user's overrides and the plan's fields that differ from `cfg`."""
-    current = dict(item.split("=", 1) for item in overrides(cfg))
-    changed = [o for o in p.overrides if current[o.split("=", 1)[0]] != o.split("=", 1)[1]]
-    size = (
-        f"--nodes {cluster.num_nodes} --gpus-per-node {cluster.gpus_per_node} --gpu {cluster.gpu}"
-    )
-    # The local executor runs one node: several need Slurm (slurm-bare needs no cluster profile).
-    executor = ["--executor slurm-bare"] if cluster.num_nodes > 1 else []
-    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size, *executor])
-
-
-def render(
-    cfg: TrainingConfig,
-    cluster: Cluster,
-    plans: list[Plan],
-    priced: int,
-    recipe_name: str,
-    user: list[str],
-) -> str:
-    lines = [
-        f"recipe   {cfg.name}",
-        f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
-        f"{cluster.world_size} GPUs, NVLink domain {cluster.domain}",
-        f"batch    global {cfg.train.global_batch_size}, seq {cfg.model.seq_length}, "
-        f"precision {cfg.precision}",
-        f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
-        "",
-    ]
-    rows = []
-    for p in plans:
-        fields = dict(o.split("=", 1) for o in p.overrides)
-        recompute = fields["model.recompute_granularity"]
-        if recompute == "full":
-            recompute += (
-                f" {fields['model.recompute_method']} {fields['model.recompute_num_layers']}"
-            )
-        elif recompute == "selective" and fields["model.recompute_modules"] != "None":
-            recompute = fields["model.recompute_modules"]
-        rows.append(
-            (p, fields["train.micro_batch_size"], "-" if recompute == "None" else recompute)
-        )
-    wide = max([38] + [len(p.shape.describe()) for p in plans])
-    wide_rc = max([14] + [len(r) for _, _, r in rows])
-    lines.append(
-        f"{'#':>2}  {'layout':<{wide}} {'MBS':>3}  {'recompute':<{wide_rc}} {'tok/s/GPU':>10} "
-        f"{'MFU':>6} {'GiB':>6}  bottleneck"
-    )
-    for i, (p, mbs, recompute) in enumerate(rows, 1):
-        name, share = p.step.bottleneck
-        lines.append(
-            f"{i:>2}  {p.shape.describe():<{wide}} {mbs:>3}  {recompute:<{wide_rc}} "
-            f"{p.step.tokens_per_s_per_gpu:>10,.0f} {p.step.mfu:>6.1%} {p.memory.total_gib:>6.1f}  "
-            f"{name} {share:.0%}"
-        )
-    if plans:
-        lines += [
-            "",
-            "run the first with:",
-            "  " + command(recipe_name, cfg, cluster, user, plans[0]),
-        ]
-        if cluster.num_nodes > 1:
-            lines.insert(
-                -2,
-                "(slurm-bare runs this environment on the nodes; for a container use --executor "
-                "slurm --profile CLUSTER.toml, see launchers/profiles/)",
-            )
-    else:
-        lines += ["", "no layout fits; use more GPUs or GPUs with more memory"]
-    return "\n".join(lines)

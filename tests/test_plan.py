@@ -23,7 +23,9 @@ from recipes.plan import (
     MEMORY_MARGIN,
     MICRO_BATCHES,
     _apply,
+    _fsdp_runs,
     _recomputes,
+    _shardings,
     plan,
     shapes,
 )
@@ -65,15 +67,19 @@ def test_every_plan_is_valid_and_fits_by_check(recipe: str, cluster: Cluster) ->
 
 
 def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
-    """Every layout x micro batch x recompute through `check`, the fastest of each group."""
+    """Every layout x micro batch x recompute x DDP or Megatron-FSDP through `check`, the fastest
+    of each group."""
     _, cfg = resolve(recipe, [])
     cfg.optimizer.use_distributed_optimizer = True
     best: dict[tuple, float] = {}
     limit = cluster.spec.memory_gib * (1 - MEMORY_MARGIN)
+    fsdp_runs = _fsdp_runs(cfg, cluster)
     for shape in shapes(cfg, cluster, {}):
-        for mbs, recompute in itertools.product(MICRO_BATCHES, _recomputes(cfg, shape, {})):
+        for mbs, recompute, fsdp in itertools.product(
+            MICRO_BATCHES, _recomputes(cfg, shape, {}), _shardings(shape, {}, fsdp_runs)
+        ):
             trial = copy.deepcopy(cfg)
-            _apply(trial, shape, mbs, recompute)
+            _apply(trial, shape, mbs, recompute, fsdp=fsdp)
             report = check(trial, cluster, suggest_fixes=False)
             if not report.valid or report.memory.total_gib > limit:
                 continue

@@ -18,11 +18,6 @@ from config import perf
 
 # Published layouts the planner ranks below 5th, and why; each is checked to stay in the table.
 KNOWN_MISSES = {
-    "Llama 3 8B FP8-CS, 8 GPUs": (
-        "ran with Megatron-FSDP, which shards weights and gradients; without it (the engine has "
-        "the distributed optimizer) TP1 CP1 needs full recompute of 24 layers to fit, and CP 2 "
-        "without recompute is predicted faster"
-    ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "the published layout, with its published recompute (mla_up_proj, mlp), is predicted "
         "within 4%, but the model prices EP 256 and PP 2 layouts up to 20% faster: more tokens "

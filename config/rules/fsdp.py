@@ -25,6 +25,28 @@ def fsdp(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
                 f"optimizer; set optimizer.use_distributed_optimizer=true, {OFF}",
             )
         )
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if pp > 1:
+        # Stricter than Megatron-Core, which nothing in Megatron-LM runs with PP either: the
+        # fsdp_dtensor checkpoint keys a stage's layers from 0, so stages would overwrite each
+        # other's.
+        out.append(
+            Problem(
+                "parallel.pipeline_model_parallel_size",
+                f"PP={pp} with Megatron-FSDP: its checkpoints here hold one model chunk, whose "
+                "layer numbers every pipeline stage would reuse; use PP 1 (Megatron-FSDP shards "
+                f"the weights over data parallelism instead), {OFF}",
+            )
+        )
+    if cfg.model.arch != "gpt":
+        out.append(
+            Problem(
+                "parallel.use_megatron_fsdp",
+                f"model.arch={cfg.model.arch!r}: Megatron-FSDP runs here with GPT models only "
+                "(its unit of sharding is the decoder's transformer layer; a vision encoder's "
+                "has not been run with it); set parallel.use_megatron_fsdp=false",
+            )
+        )
     if cfg.peft.scheme != "none":
         # Stricter than Megatron-Core: a LoRA run's checkpoints hold its adapters alone, which the
         # fsdp_dtensor checkpoint path here does not split out.

@@ -76,17 +76,18 @@ def llama3_8b_pretrain() -> TrainingConfig:
     return _layout(_pretrain(llama3_8b(), global_batch_size=128), cp=2)
 
 
-@recipe(nodes=1, source=f"{MB} 25.11, DGX-H100 FP8-CS: TP1 PP1 CP1, GBS 128 (Megatron-FSDP there)")
+@recipe(nodes=1, source=f"{MB} 25.11, DGX-H100 FP8-CS: TP1 PP1 CP1, Megatron-FSDP, GBS 128")
 def llama3_8b_pretrain_8gpu_h100_fp8cs() -> TrainingConfig:
     """Llama 3 8B on 8 H100s with FP8 current scaling (published layout)."""
     cfg = _layout(llama3_8b_pretrain(), cp=1)
     cfg.precision = FP8_CS
-    # Without CP every GPU holds whole sequences. The published run recomputed 5 layers in full
-    # and sharded weights and gradients with Megatron-FSDP; the distributed optimizer shards
-    # neither, so this recipe recomputes 24 of the 32 layers instead (predicted 72 of 79 GiB).
+    # Without CP every GPU holds whole sequences. As published: Megatron-FSDP shards the weights
+    # and gradients too, and 5 layers are recomputed in full (predicted 56 of 79 GiB; with
+    # Megatron DDP and the distributed optimizer it takes recomputing 24 layers to fit).
+    cfg.parallel.use_megatron_fsdp = True
     cfg.model.recompute_granularity = "full"
     cfg.model.recompute_method = "block"
-    cfg.model.recompute_num_layers = 24
+    cfg.model.recompute_num_layers = 5
     return cfg
 
 

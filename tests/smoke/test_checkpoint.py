@@ -1,13 +1,14 @@
 """Checkpoints and resume, end to end: real 2-process torchrun jobs of a tiny GPT on the CPU.
 
 - Exact resume: 20 steps in one job == 10 steps, stop, resume, 10 steps, float for float (loss,
-  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2 and PP=2. The three
-  layouts' jobs are grouped (fixture `chains`): on two cores a launch's start-up costs as much as
-  its training, so each phase of the three chains is one torchrun launch of
-  tests/smoke/run_many.py training the three layouts' configs one after another (3 launches,
-  not 9): the straight references, then the first halves, stopped by SIGUSR1 after step 10
-  (run_many applies signal_at_step.py's patch to each), then the resumes. Each config keeps its
-  own run and checkpoint directory, and each layout is its own test case on its own chain.
+  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2, PP=2, LoRA and
+  Megatron-FSDP (dense, and MoE with EP=2). The layouts' jobs are grouped (fixture `chains`): on
+  two cores a launch's start-up costs as much as its training, so each phase of the chains is one
+  torchrun launch of tests/smoke/run_many.py training every layout's config one after another
+  (3 launches, not 3 per layout): the straight references, then the first halves, stopped by
+  SIGUSR1 after step 10 (run_many applies signal_at_step.py's patch to each), then the resumes.
+  Each config keeps its own run and checkpoint directory, and each layout is its own test case on
+  its own chain.
 - A job chain as Slurm runs it: job 1 gets SIGUSR1 (one rank only), saves and exits 0; job 2 is
   SIGKILLed while its final checkpoint is being written; job 3 resumes from job 1's checkpoint, never
   from the half-written one, and repeats job 2's losses exactly.
@@ -190,6 +191,16 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # pretrained_dir here), the adapters and their optimizer state come from the checkpoint.
     "lora_tp2": {"parallel.tensor_model_parallel_size": 2, "peft.scheme": "lora"},
     "lora_pp2": {"parallel.pipeline_model_parallel_size": 2, "peft.scheme": "lora"},
+    # Megatron-FSDP: fsdp_dtensor checkpoints through torch DCP; dense DP=2, and MoE with EP=2.
+    "fsdp_dp2": {"parallel.use_megatron_fsdp": True},
+    "fsdp_moe_ep2": {
+        "parallel.use_megatron_fsdp": True,
+        "parallel.expert_model_parallel_size": 2,
+        "model.num_moe_experts": 4,
+        "model.moe_router_topk": 2,
+        "model.moe_ffn_hidden_size": 64,
+        "model.moe_token_dispatcher_type": "allgather",
+    },
 }
 STOP_AT = 10
 

@@ -1,0 +1,82 @@
+"""`recipes plan`'s table and the `recipes run` command of its first plan (recipes/plan.py finds
+the plans)."""
+
+from __future__ import annotations
+
+import shlex
+
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+from recipes.plan import Plan, overrides
+
+
+def command(name: str, cfg: TrainingConfig, cluster: Cluster, user: list[str], p: Plan) -> str:
+    """`recipes run` with the user's overrides and the plan's fields that differ from `cfg`."""
+    current = dict(item.split("=", 1) for item in overrides(cfg))
+    changed = [o for o in p.overrides if current[o.split("=", 1)[0]] != o.split("=", 1)[1]]
+    size = (
+        f"--nodes {cluster.num_nodes} --gpus-per-node {cluster.gpus_per_node} --gpu {cluster.gpu}"
+    )
+    # The local executor runs one node: several need Slurm (slurm-bare needs no cluster profile).
+    executor = ["--executor slurm-bare"] if cluster.num_nodes > 1 else []
+    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size, *executor])
+
+
+def render(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    plans: list[Plan],
+    priced: int,
+    recipe_name: str,
+    user: list[str],
+) -> str:
+    lines = [
+        f"recipe   {cfg.name}",
+        f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
+        f"{cluster.world_size} GPUs, NVLink domain {cluster.domain}",
+        f"batch    global {cfg.train.global_batch_size}, seq {cfg.model.seq_length}, "
+        f"precision {cfg.precision}",
+        f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
+        "",
+    ]
+    rows = []
+    for p in plans:
+        fields = dict(o.split("=", 1) for o in p.overrides)
+        recompute = fields["model.recompute_granularity"]
+        if recompute == "full":
+            recompute += (
+                f" {fields['model.recompute_method']} {fields['model.recompute_num_layers']}"
+            )
+        elif recompute == "selective" and fields["model.recompute_modules"] != "None":
+            recompute = fields["model.recompute_modules"]
+        rows.append(
+            (p, fields["train.micro_batch_size"], "-" if recompute == "None" else recompute)
+        )
+    wide = max([38] + [len(p.describe()) for p in plans])
+    wide_rc = max([14] + [len(r) for _, _, r in rows])
+    lines.append(
+        f"{'#':>2}  {'layout':<{wide}} {'MBS':>3}  {'recompute':<{wide_rc}} {'tok/s/GPU':>10} "
+        f"{'MFU':>6} {'GiB':>6}  bottleneck"
+    )
+    for i, (p, mbs, recompute) in enumerate(rows, 1):
+        name, share = p.step.bottleneck
+        lines.append(
+            f"{i:>2}  {p.describe():<{wide}} {mbs:>3}  {recompute:<{wide_rc}} "
+            f"{p.step.tokens_per_s_per_gpu:>10,.0f} {p.step.mfu:>6.1%} {p.memory.total_gib:>6.1f}  "
+            f"{name} {share:.0%}"
+        )
+    if plans:
+        lines += [
+            "",
+            "run the first with:",
+            "  " + command(recipe_name, cfg, cluster, user, plans[0]),
+        ]
+        if cluster.num_nodes > 1:
+            lines.insert(
+                -2,
+                "(slurm-bare runs this environment on the nodes; for a container use --executor "
+                "slurm --profile CLUSTER.toml, see launchers/profiles/)",
+            )
+    else:
+        lines += ["", "no layout fits; use more GPUs or GPUs with more memory"]
+    return "\n".join(lines)
