@@ -103,9 +103,11 @@ class EnvVar:
 def recipe_env(cfg: TrainingConfig) -> list[EnvVar]:
     """The process knobs this config needs; on the CPU only the one Megatron checks for TP/CP."""
     par, out = cfg.parallel, []
-    if par.tensor_model_parallel_size > 1 or par.context_parallel_size > 1:
+    model_parallel = par.tensor_model_parallel_size > 1 or par.context_parallel_size > 1
+    if model_parallel and not par.use_megatron_fsdp:
         # Megatron overlaps TP/CP communication with GEMMs by the order it issues kernels; one
         # hardware queue keeps that order (Megatron-Core warns when it is unset, even on the CPU).
+        # Not with Megatron-FSDP, whose gathers run on side streams: Megatron-LM refuses 1 there.
         why = "TP/CP communication overlap"
         out.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1", "recipe", why))
     if cfg.train.device == "cpu":

@@ -15,6 +15,7 @@ from config.finalize import finalize
 from config.hardware import Cluster
 from config.rules import validate
 from config.tree import ConfigError, to_dict
+from launchers.env import recipe_env
 from launchers.resume import check_resume
 from recipes.registry import resolve
 from training import checkpoint_dirs as dirs
@@ -92,3 +93,12 @@ def test_fsdp_shards_weights_and_gradients_over_data_parallel() -> None:
     # What stays unsharded: one layer's gathered weights and its gradients before the reduction.
     assert b.weights_gib < a.weights_gib / 3
     assert b.gradients_gib < a.gradients_gib / 3
+
+
+def test_fsdp_keeps_several_hardware_queues() -> None:
+    """Megatron-LM refuses CUDA_DEVICE_MAX_CONNECTIONS=1 with Megatron-FSDP (its side streams)."""
+    tp2 = ["parallel.tensor_model_parallel_size=2"]
+    _, ddp = resolve("llama3_8b_pretrain", tp2)
+    _, fsdp = resolve("llama3_8b_pretrain", [*tp2, FSDP])
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in {v.name for v in recipe_env(ddp)}
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in {v.name for v in recipe_env(fsdp)}
