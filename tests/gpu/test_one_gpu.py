@@ -1,5 +1,6 @@
 """What one GPU can run that tests/gpu/test_gpu.py does not: FP16 with its loss scale, MoE with the
-alltoall dispatcher at EP=1, LLaVA through Energon, and SDPA on its fused kernels (issue 14).
+alltoall dispatcher at EP=1, Megatron-FSDP (with FP8 where the GPU has it) and its checkpoint,
+LLaVA through Energon, and SDPA on its fused kernels (issue 14).
 
 Marked `gpu`: skipped where torch sees no CUDA device. `make gpu-check` runs them on a lent GPU.
 """
@@ -30,6 +31,24 @@ def test_moe_alltoall_dispatcher_at_ep1(runs: Runs) -> None:
     moe = ["model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64"]
     moe += ["model.moe_token_dispatcher_type=alltoall", "parallel.expert_model_parallel_size=1"]
     assert_learns(runs.metrics("gpu_moe_ep1", 1, [*CUDA, *moe]))
+
+
+def test_megatron_fsdp_on_one_gpu_matches_ddp_and_saves(runs: Runs) -> None:
+    """Megatron-FSDP on CUDA streams (the CPU mode replaces them): the same losses as Megatron
+    DDP, and an fsdp_dtensor checkpoint at the end; with FP8 current scaling on Hopper and later."""
+    import torch
+
+    fsdp = [*CUDA, "parallel.use_megatron_fsdp=true"]
+    ddp_records = runs.metrics("gpu_ddp_bf16", 1, CUDA)
+    fsdp_records = runs.metrics("gpu_fsdp_bf16", 1, fsdp)
+    for a, b in zip(fsdp_records, ddp_records, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-2), a["step"]
+    assert_learns(fsdp_records)
+    run = runs.root / "gpu_fsdp_bf16" / "run" / "checkpoints"
+    assert any(run.glob("iter_*/*.distcp")), "no fsdp_dtensor checkpoint"
+    if torch.cuda.get_device_capability() >= (9, 0):
+        preset = "precision=bf16_with_fp8_current_scaling_mixed"
+        assert_learns(runs.metrics("gpu_fsdp_fp8", 1, [*fsdp, preset]))
 
 
 def test_llava_trains_on_one_gpu(tmp_path: Path) -> None:
