@@ -304,8 +304,8 @@ def plan(
     (with micro batch sizes) were priced."""
     pinned = pinned or {}
     work = copy.deepcopy(cfg)
-    if "optimizer.use_distributed_optimizer" not in pinned:
-        work.optimizer.use_distributed_optimizer = True
+    if "optimizer.use_distributed_optimizer" not in pinned:  # Megatron-Core's shards Adam only
+        work.optimizer.use_distributed_optimizer = cfg.optimizer.optimizer != "sgd"
     bounds, costs_cache, counts = [], {}, {}
     sp = pinned.get(PAR + "sequence_parallel")  # None: on wherever TP > 1
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None

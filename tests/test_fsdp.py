@@ -29,9 +29,9 @@ def problems(recipe: str, overrides: list[str], nodes: int = 1, gpus: int = 8) -
     return {p.field: p.message for p in validate(cfg, cluster)}
 
 
-def test_a_plain_fsdp_run_is_valid() -> None:
+def test_a_dense_gpt_is_valid_and_moe_is_refused() -> None:
     assert problems("llama3_8b_pretrain", [FSDP]) == {}
-    assert problems("tiny_moe_pretrain", [FSDP], gpus=2) == {}
+    assert "parallel.use_megatron_fsdp" in problems("tiny_moe_pretrain", [FSDP], gpus=2)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +53,7 @@ def test_a_plain_fsdp_run_is_valid() -> None:
             "checkpoint.pretrained_dir",
             "use_megatron_fsdp=false",
         ),
+        (["precision=fp32"], "precision", "bf16_mixed"),
     ],
 )
 def test_what_fsdp_cannot_run_names_the_field_and_the_fix(

@@ -153,6 +153,7 @@ INVALID = [
     (["precision=bf16_with_fp8_subchannel_scaling_mixed"], Cluster(gpu="a100-40g"), "precision"),
     (["model.recompute_granularity=full"], None, "model.recompute_method"),
     (["optimizer.min_lr=1.0"], None, "optimizer.min_lr"),
+    (["optimizer.optimizer=sgd"], None, "optimizer.use_distributed_optimizer"),
     (["scheduler.warmup_steps=10000"], None, "scheduler.warmup_steps"),
     (["scheduler.decay_style=wsd"], None, "scheduler.wsd_decay_steps"),
     (["data.kind=indexed"], None, "data.path"),

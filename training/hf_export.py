@@ -12,6 +12,7 @@ from the family's `to_hf`; the tokenizer files from the run's tokenizer or that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from config.hf import CONFIG_FILE, family, is_hf_folder, read_config
+from config.precision import PRESETS
 from config.registry import HF_FAMILIES
 from config.schema import ModelConfig
 from config.tree import from_dict
@@ -37,7 +39,7 @@ from models.hf.gpt import alias
 from models.hf.mapping import Assembler, Node, hf_names, split
 from models.hf.safetensors_io import HfWeights, ShardWriter
 from training import checkpoint_dirs as dirs
-from training.checkpoint_state import safe_loading
+from training.checkpoint_state import FSDP_SHARDING, safe_loading
 from training.hf_convert import (
     EXTRA,
     LAYER_KEY,
@@ -113,6 +115,34 @@ def _checkpoint_keys(reader: _CachedReader) -> dict[str, Any]:
     }
 
 
+# A Megatron-FSDP checkpoint (fsdp_dtensor, training/checkpoint_state.py) keys the model's
+# tensors under this prefix, each layer on its own, holds them as the FP32 main weights, and
+# stores a SwiGLU FC1 as its two halves (Megatron-Core's handle_swiglu_in_state_dict).
+FSDP_PREFIX = "model.module."
+HALVES = ("_w", "_v")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _fsdp_view(
+    stored: dict[str, Any], dtype: torch.dtype
+) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """A Megatron-FSDP checkpoint's model tensors under Megatron DDP's names, in the run's
+    weight dtype (what a Megatron DDP checkpoint holds), and the stored tensors each is read
+    from: itself, or its halves, joined along the first axis."""
+    view, sources = {}, {}
+    for key, meta in stored.items():
+        if not key.startswith(FSDP_PREFIX) or key.endswith(HALVES[1]):
+            continue
+        name, parts = key[len(FSDP_PREFIX) :], (key,)
+        halves = tuple(key[: -len(HALVES[0])] + h for h in HALVES)
+        if name.endswith(HALVES[0]) and halves[1] in stored:
+            name, parts = name[: -len(HALVES[0])], halves
+        size = torch.Size((sum(stored[p].size[0] for p in parts), *meta.size[1:]))
+        properties = dataclasses.replace(meta.properties, dtype=dtype)
+        view[name], sources[name] = TensorStorageMetadata(properties, size, []), parts
+    return view, sources
+
+
 def _where(key: str, stored: dict[str, Any]) -> tuple[str, int | None] | None:
     """Where a map key's tensor is in the checkpoint: (stored key, layer index in a stacked key)."""
     for name in (key, alias(key)):
@@ -164,10 +194,27 @@ class _BoxPlanner(DefaultLoadPlanner):
 
 
 def _load_boxes(
-    reader: _CachedReader, wanted: list[tuple[str, str, int | None]], stored: dict[str, Any]
+    reader: _CachedReader,
+    wanted: list[tuple[str, str, int | None]],
+    stored: dict[str, Any],
+    sources: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """{map key: tensor} for (map key, stored key, layer) triples: the whole stored tensor, or one
-    layer of a stacked one. torch's reader reads only the saved chunks inside each box."""
+    layer of a stacked one. torch's reader reads only the saved chunks inside each box. A name
+    in `sources` (`_fsdp_view`) is read from its stored parts, joined, in its view's dtype."""
+    if not sources:
+        return _read_boxes(reader, wanted, stored)
+    parts = [p for _, name, _ in wanted for p in sources[name]]
+    read = _read_boxes(reader, [(p, p, None) for p in parts], stored)
+    return {
+        key: torch.cat([read[p] for p in sources[name]]).to(stored[name].properties.dtype)
+        for key, name, _ in wanted
+    }
+
+
+def _read_boxes(
+    reader: _CachedReader, wanted: list[tuple[str, str, int | None]], stored: dict[str, Any]
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     targets: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
     chunks: dict[str, list[ChunkStorageMetadata]] = {}
@@ -245,7 +292,12 @@ def _export(
     origin: HfWeights | None,
     max_shard_bytes: int,
 ) -> None:
-    stored = _checkpoint_keys(reader)
+    stored, sources = _checkpoint_keys(reader), None
+    if state.get("dist_optimizer_sharding") == FSDP_SHARDING:
+        precision = state.get("config", {}).get("precision", "bf16_mixed")
+        dtype = _DTYPES[PRESETS[precision].params_dtype] if precision in PRESETS else torch.bfloat16
+        view, sources = _fsdp_view(stored, dtype)
+        stored = {**stored, **view}  # the parts are read under their own names
     embedding = _where("embedding.word_embeddings.weight", stored) or _where(
         "language_model.embedding.word_embeddings.weight", stored
     )
@@ -289,7 +341,7 @@ def _export(
     try:
         assembler = Assembler()
         for group in by_layer.values():
-            loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored)
+            loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored, sources)
             for key in group:
                 for hf_name, start, rows in split(weights[key], loaded.pop(key)):
                     # A view: the loaded tensor lives until its last piece is written.

@@ -41,6 +41,17 @@ def training(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     bad_name = run_name_problem(cfg.name)
     if bad_name:
         out.append(Problem("name", bad_name))
+    if opt.optimizer == "sgd" and opt.use_distributed_optimizer:
+        # Megatron-Core 0.19's DistributedOptimizer asserts Adam (or an optimizer with an
+        # init_state_fn, which its SGD lacks) when it is built, on GPUs and the CPU alike.
+        out.append(
+            Problem(
+                "optimizer.use_distributed_optimizer",
+                "optimizer.optimizer=sgd: Megatron-Core's distributed optimizer shards Adam's "
+                "state only (it refuses SGD at start-up); set "
+                "optimizer.use_distributed_optimizer=false, or optimizer.optimizer=adam",
+            )
+        )
     if opt.min_lr > opt.lr:
         out.append(Problem("optimizer.min_lr", f"{opt.min_lr} is above optimizer.lr={opt.lr}"))
     decay_steps = sched.decay_steps or train.max_steps

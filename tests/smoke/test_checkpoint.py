@@ -2,7 +2,7 @@
 
 - Exact resume: 20 steps in one job == 10 steps, stop, resume, 10 steps, float for float (loss,
   grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2, PP=2, LoRA and
-  Megatron-FSDP (dense, and MoE with EP=2). The layouts' jobs are grouped (fixture `chains`): on
+  Megatron-FSDP. The layouts' jobs are grouped (fixture `chains`): on
   two cores a launch's start-up costs as much as its training, so each phase of the chains is one
   torchrun launch of tests/smoke/run_many.py training every layout's config one after another
   (3 launches, not 3 per layout): the straight references, then the first halves, stopped by
@@ -191,16 +191,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # pretrained_dir here), the adapters and their optimizer state come from the checkpoint.
     "lora_tp2": {"parallel.tensor_model_parallel_size": 2, "peft.scheme": "lora"},
     "lora_pp2": {"parallel.pipeline_model_parallel_size": 2, "peft.scheme": "lora"},
-    # Megatron-FSDP: fsdp_dtensor checkpoints through torch DCP; dense DP=2, and MoE with EP=2.
+    # Megatron-FSDP: fsdp_dtensor checkpoints through torch DCP.
     "fsdp_dp2": {"parallel.use_megatron_fsdp": True},
-    "fsdp_moe_ep2": {
-        "parallel.use_megatron_fsdp": True,
-        "parallel.expert_model_parallel_size": 2,
-        "model.num_moe_experts": 4,
-        "model.moe_router_topk": 2,
-        "model.moe_ffn_hidden_size": 64,
-        "model.moe_token_dispatcher_type": "allgather",
-    },
 }
 STOP_AT = 10
 

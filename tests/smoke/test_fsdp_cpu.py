@@ -1,33 +1,35 @@
 """Megatron-FSDP (parallel.use_megatron_fsdp) trains what Megatron DDP trains: the oracle is
 Megatron-Core's own DDP with the distributed optimizer, on the same tiny model, data and seed.
 
-2 CPU processes (training/cpu_mode.py item 6 runs Megatron-FSDP over gloo), 6 steps each:
+2 CPU processes (training/cpu_mode.py item 6 runs Megatron-FSDP over gloo), 6 steps each, for
+a dense GPT at DP=2: losses and gradient norms agree to 1e-4 (measured: 2e-5; the two reduce
+gradients in another order). (MoE layers the checker refuses with Megatron-FSDP: config/rules/fsdp.py
+says what was measured.)
 
-- dense, DP=2: losses and gradient norms agree to 1e-4 (measured: 2e-5; the two reduce gradients
-  in another order);
-- MoE with EP=2 (the allgather dispatcher): to 5e-3 (measured: the gradient norm 0.17% apart at
-  step 1, the losses 6e-5 at step 3; Megatron-FSDP reduces the expert gradients over its own
-  expert mesh).
-
-Exact resume of Megatron-FSDP's fsdp_dtensor checkpoints is tests/smoke/test_checkpoint.py's.
+`recipes export` reads the fsdp_dtensor checkpoint (its keys, FP32 main weights, SwiGLU's FC1
+stored as two halves) into the same Hugging Face tensors as the Megatron DDP run's torch_dist
+checkpoint: the same names, shapes and dtype (BF16), the values within 1% (measured: 0.4% at most, a norm weight after 6 steps; swapped
+halves would differ by 100%). Exact resume of Megatron-FSDP's checkpoints is
+tests/smoke/test_checkpoint.py's.
 """
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from tests.smoke.conftest import MOE, Planned, Runs, assert_same_training
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.smoke.conftest import Planned, Runs, assert_same_training
 
 pytestmark = pytest.mark.smoke
 
 STEPS = ("train.max_steps=6",)
 FSDP = "parallel.use_megatron_fsdp=true"
-MOE_EP2 = (*MOE, "parallel.expert_model_parallel_size=2")
 PLANNED = {
     "ddp_dense": Planned(2, STEPS),
     "fsdp_dense": Planned(2, (*STEPS, FSDP)),
-    "ddp_moe": Planned(2, (*STEPS, *MOE_EP2)),
-    "fsdp_moe": Planned(2, (*STEPS, *MOE_EP2, FSDP)),
 }
 
 
@@ -42,6 +44,21 @@ def test_dense_matches_megatron_ddp(planned: Runs) -> None:
     assert_same_training(fsdp, ddp, steps=6, rel=1e-4)
 
 
-def test_moe_with_expert_parallel_matches_megatron_ddp(planned: Runs) -> None:
-    fsdp, ddp = planned.metrics("fsdp_moe"), planned.metrics("ddp_moe")
-    assert_same_training(fsdp, ddp, steps=6, rel=5e-3)
+def _exported(runs: Runs, name: str, out: Path) -> dict[str, torch.Tensor]:
+    from training.hf_export import export_hf
+
+    export_hf(runs.root / name / "run" / "checkpoints", out)
+    return {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def test_export_reads_the_fsdp_checkpoint_as_the_ddp_one(planned: Runs, tmp_path: Path) -> None:
+    for name in ("fsdp_dense", "ddp_dense"):
+        planned.metrics(name)  # trains it, once
+    fsdp = _exported(planned, "fsdp_dense", tmp_path / "fsdp")
+    ddp = _exported(planned, "ddp_dense", tmp_path / "ddp")
+    assert {k: (v.shape, v.dtype) for k, v in fsdp.items()} == {
+        k: (v.shape, v.dtype) for k, v in ddp.items()
+    }
+    for name, tensor in ddp.items():
+        scale = tensor.float().abs().max()
+        assert (fsdp[name].float() - tensor.float()).abs().max() <= 0.01 * scale, name
