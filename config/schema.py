@@ -383,7 +383,7 @@ class CheckpointConfig:
     save_interval: int = field(default=500, metadata=STEPS)
     # Older complete checkpoints are removed; 0 keeps every one
     keep_last: int = field(default=3, metadata=within(0, MAX_STEPS, note="0 keeps every one"))
-    async_save: bool = True  # GPUs only; the CPU saves synchronously
+    async_save: bool = True  # GPUs only; the CPU and Megatron-FSDP save synchronously
     load_dir: Optional[str] = None  # resume from here; None means save_dir
     # Fine-tuning: a complete checkpoint (a run's checkpoints folder or one iter_XXXXXXX) whose
     # model weights start a fresh run; its step, optimizer and data position are not taken. Used

@@ -197,8 +197,8 @@ def _state_for_empty_shards(optimizer: Any) -> None:
     """
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
-        model = next((s for s in inner.state.values() if s), None)
-        if model is None:
+        template = next((s for s in inner.state.values() if s), None)
+        if template is None:
             continue
         for group in inner.param_groups:
             for param in group["params"]:
@@ -208,7 +208,7 @@ def _state_for_empty_shards(optimizer: Any) -> None:
                     key: torch.zeros_like(param, dtype=value.dtype)
                     if isinstance(value, torch.Tensor) and value.dim() > 0
                     else (value.clone() if isinstance(value, torch.Tensor) else value)
-                    for key, value in model.items()
+                    for key, value in template.items()
                 }
 
 
