@@ -40,9 +40,10 @@ def fsdp(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         )
     if cfg.model.num_moe_experts:
         # Stricter than Megatron-Core, on measurements here (megatron-core 0.19.2, the CPU mode):
-        # with EP=2 its expert gradients came out ~20% smaller than Megatron DDP's on the same
-        # step (the dense ones equal), and with EP=1 its first save failed (the experts' shards
-        # fail its own DTensor check).
+        # with EP=2 (expert DP 1) and two microbatches a step, its expert gradients came out ~20%
+        # smaller than Megatron DDP's (the dense ones equal; with one microbatch all equal: the
+        # accumulation over microbatches), and with EP=1 its first save failed (the experts'
+        # shards fail its own DTensor check).
         out.append(
             Problem(
                 "parallel.use_megatron_fsdp",
