@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# Each params_dtype's torch dtype by its attribute name (this package does not import torch):
+# getattr(torch, TORCH_DTYPES[preset.params_dtype]).
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
 
 @dataclass(frozen=True, slots=True)
 class PrecisionPreset:

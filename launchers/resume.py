@@ -113,7 +113,7 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
         moved = [f for f in differences(saved, cfg) if f.startswith(LAYOUT)]
         fix = (
             "keep the layout"
-            if sharding == "fsdp_dtensor"
+            if sharding == dirs.FSDP_SHARDING
             else "keep the layout, or save with fully_reshardable"
         )
         problems += [
@@ -131,7 +131,7 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
                 # pretrained_dir takes a torch_dist checkpoint's weights, not an fsdp_dtensor one's
                 weights = (
                     ""
-                    if sharding == "fsdp_dtensor"
+                    if sharding == dirs.FSDP_SHARDING
                     else (f" with checkpoint.pretrained_dir={path} to take its weights")
                 )
                 problems.append(

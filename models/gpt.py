@@ -28,7 +28,6 @@ from config.registry import data_kind
 from config.schema import TrainingConfig, selective_modules
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
 _FP8_RECIPES = {
     "delayed": "delayed",

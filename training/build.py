@@ -24,11 +24,10 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from config.finalize import Derived
+from config.precision import TORCH_DTYPES
 from config.registry import MODEL_ARCHS, load
 from config.schema import TrainingConfig
 from models.gpt import transformer_config
-
-_PRESET_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.dtype:
@@ -37,7 +36,7 @@ def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.d
     BF16 runs on the CPU too (Float16Module, FP32 master weights in the optimizer: the same code
     path as on GPUs); CPUs with AMX / AVX512-BF16 even multiply faster in BF16 than in FP32.
     """
-    return _PRESET_DTYPES[derived.preset.params_dtype]
+    return getattr(torch, TORCH_DTYPES[derived.preset.params_dtype])
 
 
 def ddp_config(cfg: TrainingConfig, derived: Derived) -> DistributedDataParallelConfig:

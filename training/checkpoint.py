@@ -167,7 +167,7 @@ class Checkpointer:
         if ckpt_state.adapted(self.model) and pretrained:
             # A LoRA checkpoint holds the adapters; the frozen base is the pretrained weights.
             self._load_pretrained(Path(pretrained), resuming=True)
-        if saved["dist_optimizer_sharding"] == ckpt_state.FSDP_SHARDING:
+        if saved["dist_optimizer_sharding"] == dirs.FSDP_SHARDING:
             ckpt_state.load_fsdp(self.model, self.optimizer, path)
         else:
             ckpt_state.load_model_and_optimizer(
@@ -332,7 +332,7 @@ class Checkpointer:
         # A writer helper that outlives the exit signals.
         checkpoint_helpers.results_queue(self._async_strategy)
         sharding = info["dist_optimizer_sharding"]
-        if sharding == ckpt_state.FSDP_SHARDING:  # torch DCP writes the DTensor shards itself
+        if sharding == dirs.FSDP_SHARDING:  # torch DCP writes the DTensor shards itself
             ckpt_state.save_fsdp(self.model, self.optimizer, tmp)
             request = None
         else:

@@ -44,9 +44,8 @@ from config.hf import is_hf_folder
 from config.rules.peft import is_adapter
 from config.schema import TrainingConfig
 from config.tree import to_dict
+from training.checkpoint_dirs import FSDP_SHARDING
 
-# The optimizer state's format in a Megatron-FSDP checkpoint (Megatron-Core's name for it).
-FSDP_SHARDING = "fsdp_dtensor"
 FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
 # The named states a checkpoint holds besides the model and the optimizer.
 STATES = ("train", "scheduler", "rng", "data")
@@ -160,15 +159,9 @@ def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:
 
 def _unsharded(chunk: Any) -> Any:
     """A Megatron-FSDP chunk's module inside MegatronFSDP, which unwrap_model does not know."""
-    if fully_sharded([chunk]):
+    if getattr(getattr(chunk, "ddp_config", None), "use_megatron_fsdp", False):
         return chunk.module.module
     return chunk
-
-
-def fully_sharded(model: list[Any]) -> bool:
-    """Whether the chunks are in Megatron-FSDP (parallel.use_megatron_fsdp)."""
-    ddp = getattr(model[0], "ddp_config", None) if model else None
-    return bool(getattr(ddp, "use_megatron_fsdp", False))
 
 
 def fsdp_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
@@ -215,8 +208,9 @@ def _state_for_empty_shards(optimizer: Any) -> None:
 def _for_dcp(state: dict[str, Any], chunk: Any) -> dict[str, Any]:
     """`fsdp_state_dict` as Megatron-LM hands it to torch's DCP (its
     `preprocess_fsdp_dtensor_state_dict`, with Megatron-Core's own handlers): TE's FP8 extra
-    state as bytes, SwiGLU's fused FC1 split into its two halves (so TP shards them alike), local
-    expert indices made global, and the chunk layout of unevenly sharded DTensors."""
+    state as bytes, SwiGLU's fused FC1 split into its two halves (so TP shards them alike), and
+    the chunk layout of unevenly sharded DTensors. (Its handler of MoE experts is left out: the
+    checker refuses MoE with Megatron-FSDP.)"""
     from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
         preprocess_state_dict_for_uneven_dtensor,
     )
@@ -228,10 +222,6 @@ def _for_dcp(state: dict[str, Any], chunk: Any) -> dict[str, Any]:
     if config.gated_linear_unit:
         state["model"], state["optimizer"] = handlers.handle_swiglu_in_state_dict(
             chunk, state["model"], state["optimizer"]
-        )
-    if config.num_moe_experts:
-        state["model"] = handlers.handle_experts_in_state_dict(
-            state["model"], config.num_moe_experts
         )
     preprocess_state_dict_for_uneven_dtensor(state)
     return state

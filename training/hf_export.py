@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from config.hf import CONFIG_FILE, family, is_hf_folder, read_config
-from config.precision import PRESETS
+from config.precision import PRESETS, TORCH_DTYPES
 from config.registry import HF_FAMILIES
 from config.schema import ModelConfig
 from config.tree import from_dict
@@ -39,7 +39,7 @@ from models.hf.gpt import alias
 from models.hf.mapping import Assembler, Node, hf_names, split
 from models.hf.safetensors_io import HfWeights, ShardWriter
 from training import checkpoint_dirs as dirs
-from training.checkpoint_state import FSDP_SHARDING, safe_loading
+from training.checkpoint_state import safe_loading
 from training.hf_convert import (
     EXTRA,
     LAYER_KEY,
@@ -120,7 +120,6 @@ def _checkpoint_keys(reader: _CachedReader) -> dict[str, Any]:
 # stores a SwiGLU FC1 as its two halves (Megatron-Core's handle_swiglu_in_state_dict).
 FSDP_PREFIX = "model.module."
 HALVES = ("_w", "_v")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _fsdp_view(
@@ -293,10 +292,12 @@ def _export(
     max_shard_bytes: int,
 ) -> None:
     stored, sources = _checkpoint_keys(reader), None
-    if state.get("dist_optimizer_sharding") == FSDP_SHARDING:
+    if state.get("dist_optimizer_sharding") == dirs.FSDP_SHARDING:
         precision = state.get("config", {}).get("precision", "bf16_mixed")
-        dtype = _DTYPES[PRESETS[precision].params_dtype] if precision in PRESETS else torch.bfloat16
-        view, sources = _fsdp_view(stored, dtype)
+        dtype = (
+            TORCH_DTYPES[PRESETS[precision].params_dtype] if precision in PRESETS else "bfloat16"
+        )
+        view, sources = _fsdp_view(stored, getattr(torch, dtype))
         stored = {**stored, **view}  # the parts are read under their own names
     embedding = _where("embedding.word_embeddings.weight", stored) or _where(
         "language_model.embedding.word_embeddings.weight", stored
