@@ -255,6 +255,10 @@ class ParallelConfig:
     # checkpoints are torch DCP folders (Megatron-LM's fsdp_dtensor format), so a run cannot
     # switch it on or off across a resume.
     use_megatron_fsdp: bool = False
+    # MoE: run one microbatch's token alltoall while another microbatch computes (Megatron-Core's
+    # combined 1F1B schedule). Needs EP > 1, the alltoall or flex dispatcher, virtual pipeline
+    # stages when PP > 1, BF16/FP16 weights and no full recompute; holds one microbatch more.
+    overlap_moe_expert_parallel_comm: bool = False
 
 
 @dataclass(kw_only=True, slots=True)

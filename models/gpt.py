@@ -146,6 +146,8 @@ def transformer_config(
             moe_router_num_groups=m.moe_router_num_groups,
             moe_router_group_topk=m.moe_router_group_topk,
             moe_router_topk_scaling_factor=m.moe_router_topk_scaling_factor,
+            # The combined 1F1B schedule: one microbatch's alltoall behind another's compute.
+            overlap_moe_expert_parallel_comm=par.overlap_moe_expert_parallel_comm,
         )
     if m.multi_latent_attention:
         return MLATransformerConfig(

@@ -134,7 +134,8 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
     the layout left (a context-parallel group becomes data-parallel replicas).
 
     What changes only how the same thing is computed, and what changes the computation:
-    - the MoE token dispatcher: all-gathers move the same tokens to the same experts;
+    - the MoE token dispatcher: all-gathers move the same tokens to the same experts, and the
+      alltoall overlap goes (the same computation in the same order, without the overlap);
     - context parallel: the whole sequence on each rank (same model and loss, more memory);
     - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
     - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16).
@@ -148,6 +149,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "(the CPU mode exchanges tokens with all-gathers; the same experts get the same tokens)"
         )
         model.moe_token_dispatcher_type = "allgather"
+    if par.overlap_moe_expert_parallel_comm:
+        changes.append(
+            "parallel.overlap_moe_expert_parallel_comm: True -> False (its schedule overlaps the "
+            "alltoall on CUDA streams; the same steps run one after the other)"
+        )
+        par.overlap_moe_expert_parallel_comm = False
     if par.context_parallel_size > 1:
         changes.append(
             f"parallel.context_parallel_size: {par.context_parallel_size} -> 1 (context parallel "

@@ -2,7 +2,7 @@
 
 A seeded sample of near-valid MoE configs (a valid base with one to three fields moved around a
 rule: TP, SP, EP, ETP, the FFN widths, top-k, pre-softmax, score function, load balancing, the
-dispatcher, biases, group-limited routing, dense layers) goes through `config.rules.validate` and
+dispatcher and its alltoall overlap, biases, group-limited routing, dense layers) goes through `config.rules.validate` and
 through Megatron-Core:
 
 - `TransformerConfig(...)` as the engine builds it (`models.gpt.transformer_config`, on the CPU;
@@ -31,6 +31,7 @@ from megatron.core.utils import divide  # noqa: E402
 
 from config.finalize import Derived, finalize  # noqa: E402
 from config.hardware import Cluster  # noqa: E402
+from config.precision import TORCH_DTYPES  # noqa: E402
 from config.rules import validate  # noqa: E402
 from config.schema import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig  # noqa: E402
 from models.gpt import transformer_config  # noqa: E402
@@ -88,12 +89,21 @@ MOVES: dict[str, list] = {
     "model.moe_router_num_groups": [None, 2, 3, 4],
     "model.moe_router_group_topk": [None, 1, 2, 5],
     "model.mtp_num_layers": [None, 1],
+    "parallel.overlap_moe_expert_parallel_comm": [False, True],
 }
 
 
 def _set(cfg: TrainingConfig, path: str, value: object) -> None:
+    if "." not in path:
+        setattr(cfg, path, value)
+        return
     section, name = path.split(".")
     setattr(getattr(cfg, section), name, value)
+
+
+A2A = "parallel.overlap_moe_expert_parallel_comm"
+PP2 = ("parallel.pipeline_model_parallel_size", 2)
+EP2 = ("parallel.expert_model_parallel_size", 2)
 
 
 # Corners that random moves reach rarely: each rule's edge, on one side and the other.
@@ -148,6 +158,28 @@ CASES: list[list[tuple[str, object]]] = [
     [("model.recompute_granularity", "selective"), ("model.recompute_modules", "shared_experts")]
     + [("model.moe_shared_expert_intermediate_size", 512)],
     [("model.recompute_granularity", "selective"), ("model.recompute_modules", "moe,mlp")],
+    # the alltoall overlap (combined 1F1B) around each of its conditions
+    *(
+        [(A2A, True), *moves]
+        for moves in (
+            [],
+            [("parallel.expert_model_parallel_size", 1)],
+            [("model.moe_token_dispatcher_type", "allgather")],
+            [("model.moe_token_dispatcher_type", "flex")],
+            [PP2, EP2],
+            [PP2, EP2, ("parallel.virtual_pipeline_model_parallel_size", 2)],
+            [PP2, EP2, ("parallel.pipeline_model_parallel_layout", "Et|t|t|tL")],
+            [PP2, EP2, ("parallel.pipeline_model_parallel_layout", "Ett|ttL")],
+            [("model.recompute_granularity", "full"), ("model.recompute_method", "uniform")]
+            + [("model.recompute_num_layers", 1)],
+            [("model.recompute_granularity", "selective"), ("model.recompute_modules", "moe")],
+            [("model.recompute_granularity", "selective")]
+            + [("model.recompute_modules", "moe_act,layernorm"), ("model.moe_grouped_gemm", True)],
+            [("precision", "fp32")],
+            [("precision", "fp16_mixed")],
+            [("model.mtp_num_layers", 2)],
+        )
+    ),
     # DeepSeek-V3's router: sigmoid, expert bias, groups
     [
         ("model.moe_router_score_function", "sigmoid"),
@@ -227,7 +259,9 @@ def megatron_refuses(cfg: TrainingConfig, cluster: Cluster) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = transformer_config(cfg, d, "cpu", torch.float32)
+            # the run's dtype, as the engine passes it (the alltoall overlap asserts BF16/FP16)
+            dtype = getattr(torch, TORCH_DTYPES[d.preset.params_dtype])
+            config = transformer_config(cfg, d, "cpu", dtype)
             get_gpt_decoder_layer_specs(config, use_transformer_engine=False)
     except (ValueError, AssertionError) as err:
         return f"{type(err).__name__}: {err}"

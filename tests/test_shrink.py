@@ -90,6 +90,18 @@ def test_moe_dispatcher_says_why() -> None:
     assert cfg.model.moe_token_dispatcher_type == "allgather"
 
 
+def test_moe_alltoall_overlap_goes_with_the_alltoall() -> None:
+    """Megatron-Core runs the overlap with alltoall or flex only: the CPU's all-gathers take
+    it off too, and the shrunken config passes the checker."""
+    cfg = shrunk("qwen3_30b_a3b_pretrain")
+    cfg.parallel.overlap_moe_expert_parallel_comm = True
+    changes = cpu_substitutes(cfg)
+    assert changes[1].startswith("parallel.overlap_moe_expert_parallel_comm: True -> False (")
+    assert not cfg.parallel.overlap_moe_expert_parallel_comm
+    fit_to_world(cfg, 4)
+    assert problems(cfg) == []
+
+
 def test_a_recipe_the_cpu_runs_as_is_is_left_alone() -> None:
     cfg = shrunk("llama32_1b_pretrain")
     assert cpu_substitutes(cfg) == []

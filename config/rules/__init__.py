@@ -18,6 +18,7 @@ from config.rules.data import data
 from config.rules.fsdp import fsdp
 from config.rules.model import model
 from config.rules.moe import moe
+from config.rules.moe_overlap import moe_overlap
 from config.rules.parallel import parallel, pipeline
 from config.rules.peft import peft
 from config.rules.precision import cpu, precision
@@ -39,6 +40,7 @@ RULES = (
     fsdp,
     batch,
     moe,
+    moe_overlap,
     model,
     precision,
     cpu,
