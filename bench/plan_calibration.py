@@ -2,12 +2,12 @@
 layout, its error, and where `recipes plan` ranks that layout.
 
     .venv/bin/python bench/plan_calibration.py                        # with config/perf.py's table
-    .venv/bin/python bench/plan_calibration.py --set ep_exposed=0.2   # try other constants
+    .venv/bin/python bench/plan_calibration.py --set expert_half_dim=3000   # try other constants
     .venv/bin/python bench/plan_calibration.py --search               # coordinate descent
 
 How CONSTANTS in config/perf_constants.py were set: the rates and bandwidths from the sources named there,
-then the calibrated ones by hand and by small grids with --set against this table (the MoE ones:
-expert_half_dim and ep_exposed). --search moves one constant at a time by 10% while the loss (median
+then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
+expert_half_dim). --search moves one constant at a time by 10% while the loss (median
 absolute error, plus the mean, plus a penalty per published layout ranked below 5th) falls; from the
 table's values no such move lowers it by more than 0.002.
 """

@@ -35,7 +35,8 @@ job runs out of memory on its most loaded rank.
 - Microbatches in flight on rank r: 1F1B holds min(PP - r, microbatches); the interleaved schedule
   holds its warm-up plus one (Megatron's (PP - r - 1) x 2 + (VPP - 1) x PP + 1 chunk-microbatches,
   counted per virtual stage since uneven layouts make chunks differ). On rank 0 that is
-  PP x (1 + (PP - 1)/(PP x VPP)) microbatches' worth, Korthikanti's figure.
+  PP x (1 + (PP - 1)/(PP x VPP)) microbatches' worth, Korthikanti's figure. The MoE alltoall
+  overlap (parallel.overlap_moe_expert_parallel_comm) runs one forward more ahead.
 - Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
   entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
 - Overhead: a constant, see OVERHEAD_GIB.
@@ -374,14 +375,13 @@ def bytes_per_parameter(
     return weight, fp8, grad, 8 if cfg.optimizer.optimizer == "sgd" else 12
 
 
-def _in_flight(pp: int, vpp: int, rank: int, microbatches: int) -> list[int]:
-    """Microbatches whose activations a rank holds at its peak, per virtual stage."""
+def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) -> list[int]:
+    """Microbatches whose activations a rank holds at its peak, per virtual stage (+ `extra`)."""
     if vpp == 1:
-        return [min(pp - rank, microbatches)]
-    forwards = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
-    # Megatron runs groups of PP microbatches through each stage in turn: forward k goes to stage
-    # (k // PP) % VPP. Whole rounds of PP x VPP forwards give every stage PP; the rest fills the
-    # stages in order.
+        return [min(pp - rank + extra, microbatches)]
+    forwards = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1 + extra, microbatches * vpp)
+    # Megatron sends forward k to stage (k // PP) % VPP: whole rounds of PP x VPP forwards give
+    # every stage PP; the rest fills the stages in order.
     rounds, rest = divmod(forwards, pp * vpp)
     return [rounds * pp + min(max(rest - stage * pp, 0), pp) for stage in range(vpp)]
 
@@ -481,7 +481,7 @@ def estimate_memory(
     unit = max(count.dense_per_layer / tp, (moe_dense / tp + experts) if m.num_moe_experts else 0)
     best: MemoryEstimate | None = None
     for rank, r in enumerate(ranks):
-        counts = _in_flight(pp, vpp, rank, mbs)
+        counts = _in_flight(pp, vpp, rank, mbs, int(par.overlap_moe_expert_parallel_comm))
         params = r["dense"] + r["expert"] + r["frozen"]
         weights = weight_bytes * params + (2 * r["decoder"] if fp8 else 0)
         grads = grad_bytes * (r["dense"] + r["expert"])

@@ -18,8 +18,13 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
 - cp: the ring exchange of keys and values (and their gradients) across CP, less the attention it
   hides behind.
-- ep: the MoE token alltoall (dispatch and combine, forward and backward), a share exposed; the part
-  that leaves the NVLink domain goes at network speed.
+- ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
+  leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
+  top-k copies; the flex one (DeepEP, HybridEP) sends a token once to each other domain holding
+  one of its experts (fewer with group-limited routing: `remote_domains`) and fans it out over
+  NVLink there. Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides the
+  forward's alltoalls behind another microbatch's backward and the backward's behind a forward
+  (what overlaps slows that compute by overlap_contention).
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
   EP traffic); selective, the forward of each of its model.recompute_modules again.
 - LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
@@ -28,9 +33,10 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
-between experts (the published MoE runs force-balance them), DeepEP's node-limited dispatch,
-CUDA graphs, the vision encoder's compute, and communication contending with compute for SMs and
-memory bandwidth (except Megatron-FSDP's, every microbatch: overlap_contention).
+between experts (the published MoE runs force-balance them), the warm-up and cool-down
+microbatches the alltoall overlap cannot pair, CUDA graphs, the vision encoder's compute, and
+communication contending with compute for SMs and memory bandwidth (except where it overlaps
+every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
 
 The constants live in one table, config/perf_constants.py's CONSTANTS, with their sources;
 tests/test_plan_calibration.py reports the error on every published run.
@@ -41,6 +47,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import combinations
+from math import comb
 
 from config.estimate import (
     ParamCount,
@@ -124,8 +132,9 @@ def layer_costs(
     lin = 1 if kind != "bf16" else 2
     half = k["gemm_half_dim"]
 
-    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, half=half) -> float:
-        return flops / (rate * 1e12 / (1 + half / rows + half / cols + half / depth))
+    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, wide=half) -> float:
+        """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
+        return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
 
     rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
     nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
@@ -197,8 +206,18 @@ def layer_costs(
         if e > 1:  # each alltoall moves the rank's tokens x top-k hidden vectors in BF16
             volume = 4 * tokens / sp * topk * h * 2
             inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
-            ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
-            ep *= k["ep_exposed"]
+            if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
+                groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
+                remote = remote_domains(E, topk, *groups, e // inside)
+                ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl)
+            else:
+                ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
+            if par.overlap_moe_expert_parallel_comm:  # behind another microbatch's compute:
+                # the forward's alltoalls behind a backward (2/3 of the work) and the backward's
+                # behind a forward (1/3), less the SMs and bandwidth they take from it
+                work = attn_gemm + experts + shared + router + attention
+                hidden = min(ep / 2, 2 * work / 3) + min(ep / 2, work / 3)
+                ep += (k["overlap_contention"] - 1) * hidden
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,
@@ -229,6 +248,38 @@ def layer_costs(
         selective=again,
     )
     return dataclasses.replace(costs, per_slot=_per_slot(costs))
+
+
+@lru_cache(maxsize=256)
+def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
+    """How many NVLink domains besides its own one token's top-k experts lie in, on average:
+    DeepEP and HybridEP (the flex dispatcher) send a token over the network once per such domain
+    and fan it out over NVLink there. The EP group's experts fill `domains` domains in order.
+    Megatron-Core's group-limited routing (DeepSeek-V3's node-limited one) picks `group_topk` of
+    `groups` contiguous expert groups by their best scores, then the top k experts among theirs:
+    taken here as any groups alike, the best expert of each picked group among the k, the other
+    k - group_topk alike among the groups' rest (tests/test_moe_overlap.py holds this against
+    Megatron-Core's router on random scores, what moe_router_force_load_balancing routes by)."""
+    if domains <= 1:
+        return 0.0
+    size, span = experts // groups, experts // domains
+
+    def overlap(g: int, d: int) -> int:
+        return max(0, min((g + 1) * size, (d + 1) * span) - max(g * size, d * span))
+
+    picks = list(combinations(range(groups), group_topk))
+    rest, more = group_topk * (size - 1), max(0, topk - group_topk)  # after each group's best
+    touched = 0.0
+    for chosen in picks:
+        for d in range(domains):
+            missed = 1.0  # no group's best lies in d, and none of the others
+            for g in chosen:
+                missed *= 1 - overlap(g, d) / size
+            if missed:
+                inside = sum(overlap(g, d) for g in chosen)
+                missed *= comb(rest - inside, more) / comb(rest, more)
+            touched += 1 - missed
+    return touched / len(picks) * (domains - 1) / domains
 
 
 # Full recompute runs a layer's forward again: a third of its compute, half its traffic.

@@ -25,10 +25,11 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "than a few tiles wastes them; calibrated",
     ),
     "expert_half_dim": (
-        3000.0,
-        "the same for MoE experts' grouped GEMMs, which run far from cuBLAS's dense rate at small "
-        "sizes (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on Qwen3 "
-        "30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
+        3250.0,
+        "the same for the two weight sides of MoE experts' grouped GEMMs (their rows, the tokens "
+        "an expert receives, take gemm_half_dim), which run far from cuBLAS's dense rate when "
+        "narrow (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on "
+        "Qwen3 30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
     ),
     "attention_half_len": (
         512.0,
@@ -65,11 +66,6 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "share of TP collectives not hidden: TE's userbuffers overlap the rest with the GEMMs "
         "(Megatron-Bridge performance configs set tp_comm_overlap); calibrated",
     ),
-    "ep_exposed": (
-        0.10,
-        "share of the MoE alltoall not hidden (Megatron-Core's a2a overlap and shared-expert "
-        "overlap in the published MoE runs); calibrated",
-    ),
     "p2p_exposed": (
         0.30,
         "share of pipeline sends not hidden: the interleaved schedule overlaps them "
@@ -78,8 +74,9 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     "overlap_contention": (
         0.2,
         "share of a data-parallel collective's time that the compute it overlaps loses: NCCL's "
-        "kernels take SMs (up to 32 of H100's 132) and HBM bandwidth from the GEMMs; it counts "
-        "where collectives run every microbatch (Megatron-FSDP), not once a step; calibrated",
+        "kernels (DeepEP's: 20-24 SMs) take SMs (up to 32 of H100's 132) and HBM bandwidth from "
+        "the GEMMs; it counts where communication overlaps every microbatch (Megatron-FSDP, the "
+        "MoE alltoall overlap), not once a step; calibrated",
     ),
     "layer_overhead_s": (
         3e-4,

@@ -110,6 +110,12 @@ def recipe_env(cfg: TrainingConfig) -> list[EnvVar]:
         # Not with Megatron-FSDP, whose gathers run on side streams: Megatron-LM refuses 1 there.
         why = "TP/CP communication overlap"
         out.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1", "recipe", why))
+    elif par.overlap_moe_expert_parallel_comm and cfg.train.device != "cpu":
+        # The MoE alltoall overlap runs its communication on a side stream beside the compute: it
+        # wants many hardware queues (Megatron-Bridge's Qwen3 H100 runs set 32). With TP or CP the
+        # single queue above wins, as in Megatron-Bridge's DeepSeek-V3 H100 runs.
+        why = "MoE alltoall overlap: streams run side by side"
+        out.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "32", "recipe", why))
     if cfg.train.device == "cpu":
         return out
     if par.overlap_grad_reduce or par.overlap_param_gather:

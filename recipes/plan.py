@@ -35,7 +35,15 @@ from config.estimate import (
 )
 from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
 from config.hardware import Cluster
-from config.perf import StepTime, layer_costs, predict, rank_loads, rank_params, shard_params
+from config.perf import (
+    LayerCosts,
+    StepTime,
+    layer_costs,
+    predict,
+    rank_loads,
+    rank_params,
+    shard_params,
+)
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
 from config.schema import TrainingConfig
@@ -62,8 +70,10 @@ LAYOUT_FIELDS = (
     *RECOMPUTE_KEYS,
     "optimizer.use_distributed_optimizer",
     PAR + "use_megatron_fsdp",
+    PAR + "overlap_moe_expert_parallel_comm",
 )
 FSDP = PAR + "use_megatron_fsdp"
+A2A = PAR + "overlap_moe_expert_parallel_comm"
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
 # The share of GPU memory a plan leaves free: the estimate's error on measured runs and the
 # allocator's fragmentation late in a run. Every published run is predicted within it.
@@ -222,10 +232,19 @@ def _apply(
     recompute: tuple,
     sp: bool | None = None,
     fsdp: bool = False,
+    a2a: tuple[bool, bool] = (False, False),
 ) -> None:
-    """Set `work` to a candidate; sequence parallel with TP > 1 unless pinned (`sp`)."""
+    """Set `work` to a candidate; sequence parallel with TP > 1 unless pinned (`sp`); the MoE
+    alltoall overlap `a2a` = (wanted, pinned): as pinned, else wherever Megatron-Core runs it."""
     par, m = work.parallel, work.model
     par.use_megatron_fsdp = fsdp
+    overlap, pinned_a2a = a2a
+    if overlap and not pinned_a2a:
+        overlap = shape.ep > 1 and (shape.pp == 1 or shape.vpp is not None)
+        overlap = (
+            overlap and recompute[0] != "full" and "moe" not in (recompute[3] or "").split(",")
+        )
+    par.overlap_moe_expert_parallel_comm = overlap
     par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
     par.pipeline_model_parallel_size = shape.pp
     par.virtual_pipeline_model_parallel_size = shape.vpp
@@ -307,43 +326,52 @@ def plan(
     if "optimizer.use_distributed_optimizer" not in pinned:  # Megatron-Core's shards Adam only
         work.optimizer.use_distributed_optimizer = cfg.optimizer.optimizer != "sgd"
     bounds, costs_cache, counts = [], {}, {}
+
+    def costs(derived: Derived) -> LayerCosts:
+        """`work`'s layer costs, which only its TP, CP, EP, ETP, micro batch size and MoE
+        alltoall overlap set."""
+        par = work.parallel
+        key = (par.tensor_model_parallel_size, par.context_parallel_size)
+        key += (par.expert_model_parallel_size, par.expert_tensor_parallel_size)
+        key += (work.train.micro_batch_size, par.overlap_moe_expert_parallel_comm)
+        if key not in costs_cache:
+            if key[0] not in counts:  # the vocabulary pads to a multiple of TP
+                counts[key[0]] = count_parameters(work)
+            costs_cache[key] = layer_costs(work, cluster, derived, count=counts[key[0]])
+        return costs_cache[key]
+
     sp = pinned.get(PAR + "sequence_parallel")  # None: on wherever TP > 1
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = cluster.spec.memory_gib * (1 - margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
+    a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
     for shape in shapes(cfg, cluster, pinned):
         recompute = _recomputes(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
-            _apply(work, shape, mbs, recompute, sp, shardings[0])
+            _apply(work, shape, mbs, recompute, sp, shardings[0], a2a)
             derived, loads = fast(shape, mbs, recompute)
             if derived is None:
                 continue
             if static(shape, derived, loads, fsdp=shardings[-1]):
                 break  # weights and optimizer alone overflow: no micro batch or recompute helps
-            key = (shape.tp, shape.cp, shape.ep, shape.etp, mbs)
-            if key not in costs_cache:
-                if shape.tp not in counts:  # the vocabulary pads to a multiple of TP
-                    counts[shape.tp] = count_parameters(work)
-                costs_cache[key] = layer_costs(work, cluster, derived, count=counts[shape.tp])
-            step = predict(
-                work, cluster, derived, costs=costs_cache[key], loads=loads, detail=False
-            )
+            step = predict(work, cluster, derived, costs=costs(derived), loads=loads, detail=False)
             if step is not None:
-                bounds.append((step.seconds, len(bounds), shape, mbs, key))
+                bounds.append((step.seconds, len(bounds), shape, mbs))
     bounds.sort()
     found: dict[tuple, Plan] = {}  # the fastest plan of each (TP, PP, CP, EP, ETP)
     kth = float("inf")  # the step time of the top-th plan found so far
-    for bound, _, shape, mbs, key in bounds:
+    for bound, _, shape, mbs in bounds:
         if bound >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
         group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
         recomputes = _recomputes(cfg, shape, pinned)
         for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
             beat = min(kth, found[group].step.seconds if group in found else kth)
-            for derived, memory in _fitting(work, cluster, shape, mbs, recomputes, limit, sp, fsdp):
-                step = predict(work, cluster, derived, costs=costs_cache[key])
+            fitting = _fitting(work, cluster, shape, mbs, recomputes, limit, sp, fsdp, a2a)
+            for derived, memory in fitting:
+                step = predict(work, cluster, derived, costs=costs(derived))
                 if step.seconds >= beat:
                     break  # more recompute is only slower
                 if validate(work, cluster, derived):
@@ -380,6 +408,7 @@ def _fitting(
     limit: float,
     sp: bool | None = None,
     fsdp: bool = False,
+    a2a: tuple[bool, bool] = (False, False),
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory.
@@ -388,7 +417,7 @@ def _fitting(
     tried in order (selective and block recompute do not save memory in a fixed order)."""
 
     def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
-        _apply(work, shape, mbs, recomputes[index], sp, fsdp)
+        _apply(work, shape, mbs, recomputes[index], sp, fsdp, a2a)
         derived = finalize(work, cluster)
         memory = estimate_memory(work, cluster, derived)
         return (derived, memory) if memory and memory.total_gib <= limit else None

@@ -69,6 +69,8 @@ RUNS = [
         16,
         8_960,
         (1, 1, None, 1, 16, 1),
+        # As published: HybridEP, no alltoall overlap (Megatron-Bridge's perf_recipes/qwen/h100).
+        ["model.moe_token_dispatcher_type=flex"],
         in_published_layouts=True,
     ),
     PublishedRun(
@@ -78,6 +80,9 @@ RUNS = [
         1024,
         1_297,
         (2, 8, 4, 1, 64, 1),
+        # As published: DeepEP (Megatron-Bridge's scripts/performance/run_script.py enables it on
+        # H100) and the EP alltoall overlapped with another microbatch (A2A_1F1B there).
+        ["model.moe_token_dispatcher_type=flex", "parallel.overlap_moe_expert_parallel_comm=true"],
         in_published_layouts=True,
     ),
     PublishedRun(
@@ -118,6 +123,7 @@ RUNS = [
             "parallel.pipeline_model_parallel_size=2",
             "parallel.virtual_pipeline_model_parallel_size=12",
             "parallel.expert_model_parallel_size=8",
+            "model.moe_token_dispatcher_type=flex",
         ],
     ),
     PublishedRun(

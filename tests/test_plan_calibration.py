@@ -19,12 +19,13 @@ from config import perf
 # Published layouts the planner ranks below 5th, and why; each is checked to stay in the table.
 KNOWN_MISSES = {
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
-        "the published layout, with its published recompute (mla_up_proj, mlp), is predicted "
-        "within 4%, but the model prices EP 256 and PP 2 layouts up to 20% faster: more tokens "
-        "per expert GEMM (expert_half_dim) and no 8-stage pipeline whose last stage holds the MTP "
-        "layer and the loss. 30 layouts lie within 15% of the fastest (the published one ranks "
-        "46th), closer than the model can tell apart; what made NVIDIA pick PP 8 EP 64 "
-        "(HybridEP's node-local dispatch, memory headroom in practice) is not in the model"
+        "priced as published (DeepEP, the alltoall overlapped), the published layout is "
+        "predicted within 4% and the planner's best layouts share its EP 64, the one that sends "
+        "a token to 4 nodes at most (remote_domains); it ranks 15th because the model prices "
+        "its 8-stage pipeline, whose last stage holds the MTP layer and two output layers (10% "
+        "more work than the others), 6% below PP 2-4 layouts with the same EP 64, closer than "
+        "the model can tell apart. What else made NVIDIA pick PP 8 (memory headroom in "
+        "practice) is not in the model"
     ),
 }
 

@@ -74,8 +74,11 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
                 f"ETP x EP = {etp} x {ep} spans {where}: the MoE token alltoall, twice per MoE "
                 f"layer forward and backward, crosses the inter-node network{slower}"
                 f"{_cost(step, 'ep')}. Published runs accept this for very wide models "
-                "(DeepSeek-V3: EP 64 over InfiniBand) with the flex dispatcher (DeepEP) and "
-                f"communication overlap; to keep ETP x EP within {domain} GPUs: "
+                "(DeepSeek-V3: EP 64 over InfiniBand) with the flex dispatcher, which sends a "
+                "token once per node (model.moe_token_dispatcher_type=flex, DeepEP or HybridEP "
+                "installed), and the alltoall overlapped "
+                "(parallel.overlap_moe_expert_parallel_comm=true); "
+                f"to keep ETP x EP within {domain} GPUs: "
                 + _priced(cfg, cluster, step, {"expert_model_parallel_size": inside}),
             )
         )
