@@ -236,13 +236,16 @@ def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 def forward(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], schedule_plan: bool = False
+) -> tuple[Any, torch.Tensor]:
     """One microbatch through one GPTModel chunk: (per-token loss [b, s], loss mask).
 
     With labels, GPTModel returns the per-token cross-entropy (vocab-parallel over TP). Packed rows
-    carry segment ids and attend within their segment only; other rows are causal.
+    carry segment ids and attend within their segment only; other rows are causal. With
+    `schedule_plan` (the MoE alltoall overlap's combined 1F1B schedule asks for it), the same
+    inputs build GPTModel's schedule plan, which that schedule runs in place of the forward.
     """
     mask = attention_mask(batch["segment_ids"]) if "segment_ids" in batch else None
-    output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
+    run = model.build_schedule_plan if schedule_plan else model
+    output = run(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
     return output, batch["loss_mask"]

@@ -148,3 +148,38 @@ def test_hardware_queues_for_the_overlap() -> None:
     assert {v.name: v.value for v in recipe_env(qwen)}["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     plain = resolve("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs", [])[1]
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in {v.name for v in recipe_env(plain)}
+
+
+def test_the_combined_schedule_gets_the_models_schedule_plan() -> None:
+    """Megatron-Core's combined 1F1B schedule calls the forward step with
+    return_schedule_plan=True and runs what GPTModel.build_schedule_plan returns; every other
+    schedule calls the model. Both get the same inputs."""
+    torch = pytest.importorskip("torch")
+    from models.gpt import forward
+    from training.step import forward_step
+
+    class Model:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple, dict]] = []
+
+        def __call__(self, *args, **kwargs) -> str:
+            self.calls.append(("forward", args, kwargs))
+            return "output"
+
+        def build_schedule_plan(self, *args, **kwargs) -> str:
+            self.calls.append(("plan", args, kwargs))
+            return "plan"
+
+    batch = {
+        "tokens": torch.zeros(1, 4, dtype=torch.long),
+        "position_ids": torch.arange(4)[None],
+        "labels": torch.ones(1, 4, dtype=torch.long),
+        "loss_mask": torch.ones(1, 4),
+    }
+    model = Model()
+    assert forward_step(forward, iter([batch]), model)[0] == "output"
+    assert forward_step(forward, iter([batch]), model, return_schedule_plan=True)[0] == "plan"
+    (kind_a, args_a, kwargs_a), (kind_b, args_b, kwargs_b) = model.calls
+    assert (kind_a, kind_b) == ("forward", "plan")
+    assert args_a[0] is args_b[0] is batch["tokens"] and args_a[2] is args_b[2] is None
+    assert kwargs_a["labels"] is kwargs_b["labels"] is batch["labels"]

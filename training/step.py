@@ -45,15 +45,24 @@ def loss_func(
     return loss_sum, num_tokens, {"lm loss": report}
 
 
-Forward = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
+Forward = Callable[..., tuple[Any, torch.Tensor]]  # (model, batch[, schedule_plan])
 
 
 def forward_step(
-    forward: Forward, data_iterator: Iterator[dict], model: torch.nn.Module
-) -> tuple[torch.Tensor, Callable]:
+    forward: Forward,
+    data_iterator: Iterator[dict],
+    model: torch.nn.Module,
+    return_schedule_plan: bool = False,
+) -> tuple[Any, Callable]:
     """Megatron's forward_step_func (bound to the architecture's `forward`, config/registry.py):
-    one microbatch through one model chunk, and the loss function of its loss mask."""
-    output, loss_mask = forward(model, next(data_iterator))
+    one microbatch through one model chunk, and the loss function of its loss mask. Megatron-Core's
+    combined 1F1B schedule (parallel.overlap_moe_expert_parallel_comm) asks for the chunk's
+    schedule plan instead of its output."""
+    batch = next(data_iterator)
+    if return_schedule_plan:
+        output, loss_mask = forward(model, batch, schedule_plan=True)
+    else:
+        output, loss_mask = forward(model, batch)
     return output, partial(loss_func, loss_mask)
 
 

@@ -1,6 +1,7 @@
 """parallel.overlap_moe_expert_parallel_comm: Megatron-Core's combined 1F1B schedule, which runs one
 microbatch's MoE token alltoall while another microbatch computes. What Megatron-Core 0.19.2's
-TransformerConfig asserts of it (tests/test_rules_moe_oracle.py holds these against that code)."""
+TransformerConfig asserts of it (tests/test_rules_moe_oracle.py holds these against that code), and
+that the schedule runs GPTModel's schedule plan (models/gpt.py `forward`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Probl
         )
     if d.preset is not None and d.preset.params_dtype == "fp32":
         why.append(f"it needs BF16 or FP16 weights, not precision={cfg.precision}")
+    if m.arch != "gpt":  # the schedule runs GPTModel's schedule plan (models/gpt.py forward)
+        why.append(f"it runs GPT models only (GPTModel.build_schedule_plan), not {m.arch!r}")
     if (m.mtp_num_layers or 0) > 1:
         why.append(
             f"it supports at most one MTP layer, here model.mtp_num_layers={m.mtp_num_layers}"

@@ -94,6 +94,23 @@ def test_moe_alltoall_dispatcher(runs: Runs) -> None:
     )
 
 
+def test_moe_alltoall_overlap_matches_the_plain_schedule(runs: Runs) -> None:
+    """parallel.overlap_moe_expert_parallel_comm runs Megatron-Core's combined 1F1B schedule (the
+    model's schedule plan, models/gpt.py): the same computation, reordered, so the same losses."""
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    moe = ["model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64"]
+    moe += ["parallel.expert_model_parallel_size=2", "model.moe_token_dispatcher_type=alltoall"]
+    moe += ["train.micro_batch_size=1"]  # 4 microbatches per rank: the schedule pairs them
+    plain = runs.metrics("gpu_moe_plain", 2, [*CUDA, *moe])
+    overlap = runs.metrics(
+        "gpu_moe_overlap", 2, [*CUDA, *moe, "parallel.overlap_moe_expert_parallel_comm=true"]
+    )
+    assert_learns(overlap)
+    for a, b in zip(plain[:5], overlap[:5], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=0.02)
+
+
 def test_packed_sft_keeps_te_linears_and_learns(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Packed SFT rows carry a block-diagonal mask: with TE, the layers keep TE's linear layers and
     take the SDPA core attention, which applies the mask (models/specs.py); the loss must fall."""
