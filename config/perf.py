@@ -208,7 +208,7 @@ def layer_costs(
             inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
             if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
                 groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
-                remote = remote_domains(E, topk, *groups, e // inside)
+                remote = remote_domains(E, topk, *groups, -(-e // inside))
                 ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl)
             else:
                 ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
