@@ -202,7 +202,10 @@ class ModelConfig:
     ] = "aux_loss"
     moe_aux_loss_coeff: float = field(default=1e-2, metadata=NON_NEGATIVE)
     # "alltoall" is the fast path on GPUs; "allgather" is the one that runs on the CPU over gloo.
+    # "flex" sends a token once per node holding its experts and needs its backend's package in
+    # the container: DeepEP (deep_ep) or HybridEP.
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = "deepep"
     moe_grouped_gemm: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).

@@ -70,7 +70,7 @@ RUNS = [
         8_960,
         (1, 1, None, 1, 16, 1),
         # As published: HybridEP, no alltoall overlap (Megatron-Bridge's perf_recipes/qwen/h100).
-        ["model.moe_token_dispatcher_type=flex"],
+        ["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"],
         in_published_layouts=True,
     ),
     PublishedRun(

@@ -84,6 +84,7 @@ MOVES: dict[str, list] = {
     "model.moe_router_load_balancing_type": ["aux_loss", "sinkhorn", "none"],
     "model.moe_aux_loss_coeff": [0.0, 1e-2],
     "model.moe_token_dispatcher_type": ["alltoall", "allgather", "flex"],
+    "model.moe_flex_dispatcher_backend": ["deepep", "hybridep"],
     "model.add_bias_linear": [False, True],
     "model.moe_router_enable_expert_bias": [False, True],
     "model.moe_router_num_groups": [None, 2, 3, 4],
@@ -123,6 +124,12 @@ CASES: list[list[tuple[str, object]]] = [
     ],
     [("parallel.expert_model_parallel_size", 1), ("parallel.expert_tensor_parallel_size", 1)]
     + [("model.moe_token_dispatcher_type", "flex")],
+    # ... with HybridEP, which has no such assert
+    [("parallel.expert_model_parallel_size", 1), ("parallel.expert_tensor_parallel_size", 1)]
+    + [
+        ("model.moe_token_dispatcher_type", "flex"),
+        ("model.moe_flex_dispatcher_backend", "hybridep"),
+    ],
     # a dense FFN width that TP does not divide, used by no layer, by a dense first layer
     [("parallel.tensor_model_parallel_size", 4), ("model.ffn_hidden_size", 1026)],
     [
@@ -241,10 +248,11 @@ def _first_step(cfg: TrainingConfig, d: Derived, config) -> str | None:
     # MoELayer.forward: raises in training when the attention TP group has >1 rank without SP.
     if tp > 1 and not par.sequence_parallel:
         return "MoE with TP > 1 needs sequence parallel"
-    # MoEFlexTokenDispatcher.__init__ (DeepEP backend, the default): assert tp_size * ep_size > 1,
-    # tp_size being the expert TP group's.
-    if m.moe_token_dispatcher_type == "flex" and etp * ep == 1:
-        return "flex dispatcher needs ETP x EP > 1"
+    # MoEFlexTokenDispatcher.__init__, DeepEP backend (the default): assert tp_size * ep_size > 1,
+    # tp_size being the expert TP group's. Its HybridEP branch asserts nothing of the kind.
+    deepep = config.moe_flex_dispatcher_backend == "deepep"
+    if m.moe_token_dispatcher_type == "flex" and deepep and etp * ep == 1:
+        return "flex dispatcher (DeepEP) needs ETP x EP > 1"
     # TopKRouter.sinkhorn_load_balancing: assert moe_aux_loss_coeff == 0.
     if m.moe_router_load_balancing_type == "sinkhorn" and m.moe_aux_loss_coeff != 0:
         return "sinkhorn with an aux loss"

@@ -175,15 +175,19 @@ def _router(cfg: TrainingConfig) -> list[Problem]:
 
 
 def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:
-    """The flex dispatcher (DeepEP, Megatron-Core's default backend) exchanges tokens over the
-    expert TP x EP group and asserts that it has more than one rank."""
-    if cfg.model.moe_token_dispatcher_type != "flex" or ep * etp > 1:
+    """The flex dispatcher's DeepEP backend exchanges tokens over the expert TP x EP group and
+    asserts that it has more than one rank (HybridEP does not)."""
+    m = cfg.model
+    if m.moe_token_dispatcher_type != "flex" or m.moe_flex_dispatcher_backend != "deepep":
+        return []
+    if ep * etp > 1:
         return []
     return [
         Problem(
             "model.moe_token_dispatcher_type",
-            "'flex' (DeepEP) needs expert TP x EP > 1, here ETP x EP = 1 x 1; use alltoall, or "
-            "raise parallel.expert_model_parallel_size",
+            "'flex' with DeepEP (model.moe_flex_dispatcher_backend=deepep) needs expert TP x EP "
+            "> 1, here ETP x EP = 1 x 1; use alltoall, raise "
+            "parallel.expert_model_parallel_size, or the hybridep backend",
         )
     ]
 

@@ -4,8 +4,12 @@ Sources are rows of the Megatron-Bridge performance summary; their exact setting
 Megatron-Bridge's scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (V1
 presets). The base recipe runs bf16_mixed on the published H100 layout; variants change what the
 run on other hardware or precision changed. Each recomputes the modules its run recomputed
-(model.recompute_modules). Those runs dispatched tokens with the "flex" dispatcher (HybridEP);
-these recipes use the alltoall dispatcher.
+(model.recompute_modules). Those runs dispatched tokens with the "flex" dispatcher (DeepEP on
+the 25.09 H100 run, HybridEP later) and the H100 one overlapped the alltoall with another
+microbatch; these recipes use the alltoall dispatcher without the overlap, which need neither
+package nor a GPU test this engine has not had yet. `model.moe_token_dispatcher_type=flex
+parallel.overlap_moe_expert_parallel_comm=true` runs them as published (README: hiding the MoE
+exchange).
 
 61 decoder layers + 1 MTP layer + embedding + loss make 64 units: finalize spreads them evenly over
 the pipeline chunks (2 per chunk at PP8 x VP4, the published "Et|(tt|)*30mL"), so no recipe needs
