@@ -24,7 +24,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   one of its experts (fewer with group-limited routing: `remote_domains`) and fans it out over
   NVLink there. Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides the
   forward's alltoalls behind another microbatch's backward and the backward's behind a forward
-  (what overlaps slows that compute by overlap_contention).
+  (what overlaps slows that compute by overlap_contention), except in the schedule's warm-up
+  forwards and cool-down backwards, which have no partner.
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
   EP traffic); selective, the forward of each of its model.recompute_modules again.
 - LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
@@ -33,8 +34,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
-between experts (the published MoE runs force-balance them), the warm-up and cool-down
-microbatches the alltoall overlap cannot pair, CUDA graphs, the vision encoder's compute, and
+between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
+compute, and
 communication contending with compute for SMs and memory bandwidth (except where it overlaps
 every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
 
@@ -99,6 +100,9 @@ class LayerCosts:
     # The last two slots (selective recompute of a dense and an MoE layer) depend on the modules,
     # so predict() prices them (selective_terms).
     per_slot: tuple[float, ...] = ()
+    # What the alltoall overlap hides of an MoE layer's exchange, per microbatch: exposed again
+    # where the schedule has no other microbatch to pair it with (warm-up, cool-down).
+    ep_unpaired: float = 0.0
 
 
 TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
@@ -194,6 +198,7 @@ def layer_costs(
         up = gemm(2 * tokens * q_in * q_out / t, tokens, q_out / t, q_in, rate)
         up += gemm(2 * tokens * kv_in * kv_out / t, tokens, kv_out / t, kv_in, rate)
         again["mla_up_proj"] = ({"gemm": up}, {"gemm": up})
+    unpaired = 0.0  # seconds of the MoE exchange the alltoall overlap hides, per layer
     if moe:
         E, topk = m.num_moe_experts, m.moe_router_topk
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
@@ -217,7 +222,8 @@ def layer_costs(
                 # behind a forward (1/3), less the SMs and bandwidth they take from it
                 work = attn_gemm + experts + shared + router + attention
                 hidden = min(ep / 2, 2 * work / 3) + min(ep / 2, work / 3)
-                ep += (k["overlap_contention"] - 1) * hidden
+                unpaired = (1 - k["overlap_contention"]) * hidden
+                ep -= unpaired
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,
@@ -246,6 +252,7 @@ def layer_costs(
         params=shard_params(count, t, e * et),
         flops_per_token=model_flops_per_token(cfg),
         selective=again,
+        ep_unpaired=unpaired,
     )
     return dataclasses.replace(costs, per_slot=_per_slot(costs))
 
@@ -415,6 +422,11 @@ def predict(
         step = {name: microbatches * value for name, value in terms.items()}
     else:
         step = {"layers": microbatches * totals[slowest]}
+    if costs.ep_unpaired:  # the alltoall overlap pairs no warm-up forward, no cool-down backward
+        rank = loads.index(slowest)
+        warm = 1 if pp == 1 else min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+        unpaired = warm / vpp * (slowest[1] + slowest[3]) * costs.ep_unpaired  # its MoE layers
+        step["ep" if detail else "layers"] += unpaired
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
 
     # Pipeline sends: every chunk boundary, activations forward and their gradients backward.

@@ -93,6 +93,20 @@ def test_the_overlap_hides_the_alltoall_behind_compute() -> None:
     assert fast.tokens_per_s_per_gpu > slow.tokens_per_s_per_gpu
 
 
+def test_the_first_forward_and_the_last_backward_stay_exposed() -> None:
+    """At PP 1 the combined schedule pairs every microbatch's exchange but the first forward's
+    and the last backward's: one microbatch's worth, on every MoE layer."""
+    cluster = Cluster(num_nodes=2, gpus_per_node=8, gpu="h100")
+    _, cfg = resolve("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs", [FLEX, A2A])
+    derived = finalize(cfg, cluster)
+    costs = perf.layer_costs(cfg, cluster, derived)
+    step = perf.predict(cfg, cluster, derived)
+    layers, microbatches = cfg.model.num_layers, derived.num_microbatches
+    paired = microbatches * costs.moe["ep"]
+    assert costs.ep_unpaired > 0
+    assert step.terms["ep"] == pytest.approx(layers * (paired + costs.ep_unpaired))
+
+
 def test_the_overlap_holds_one_microbatch_more() -> None:
     """Megatron-Core's combined 1F1B schedule runs one forward ahead: at PP 1 two microbatches'
     activations instead of one."""
