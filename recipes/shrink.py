@@ -135,7 +135,7 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
 
     What changes only how the same thing is computed, and what changes the computation:
     - the MoE token dispatcher: all-gathers move the same tokens to the same experts, and the
-      alltoall overlap goes (the same computation in the same order, without the overlap);
+      alltoall overlap goes (the same computation, one microbatch after another);
     - context parallel: the whole sequence on each rank (same model and loss, more memory);
     - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
     - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16).
