@@ -33,10 +33,9 @@ job runs out of memory on its most loaded rank.
   being recomputed. `_layer_activations` generalises the 34 to SwiGLU, other FFN widths, GQA, MLA
   and MoE (top-k experts of moe_ffn_hidden_size); with FP8, TE saves linear-layer inputs in 1 byte.
 - Microbatches in flight on rank r: 1F1B holds min(PP - r, microbatches); the interleaved schedule
-  holds its warm-up plus one (Megatron's (PP - r - 1) x 2 + (VPP - 1) x PP + 1 chunk-microbatches,
-  counted per virtual stage since uneven layouts make chunks differ). On rank 0 that is
-  PP x (1 + (PP - 1)/(PP x VPP)) microbatches' worth, Korthikanti's figure. The MoE alltoall
-  overlap (parallel.overlap_moe_expert_parallel_comm) runs one forward more ahead.
+  its warm-up plus one (config/layout.py `warmup_forwards`, per virtual stage: chunks can differ):
+  on rank 0, PP x (1 + (PP - 1)/(PP x VPP)) microbatches' worth, Korthikanti's figure. The MoE
+  alltoall overlap (parallel.overlap_moe_expert_parallel_comm) runs one forward more ahead.
 - Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
   entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
 - Overhead: a constant, see OVERHEAD_GIB.
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
+from config.layout import warmup_forwards
 from config.precision import PrecisionPreset
 from config.schema import ModelConfig, TrainingConfig, selective_modules
 from config.tree import in_range
@@ -379,7 +379,7 @@ def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) 
     """Microbatches whose activations a rank holds at its peak, per virtual stage (+ `extra`)."""
     if vpp == 1:
         return [min(pp - rank + extra, microbatches)]
-    forwards = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1 + extra, microbatches * vpp)
+    forwards = min(warmup_forwards(pp, vpp, rank, microbatches) + extra, microbatches * vpp)
     # Megatron sends forward k to stage (k // PP) % VPP: whole rounds of PP x VPP forwards give
     # every stage PP; the rest fills the stages in order.
     rounds, rest = divmod(forwards, pp * vpp)

@@ -147,3 +147,9 @@ def decoder_layers_per_rank(chunks: list[list[str]], pp: int) -> list[int]:
     for index, chunk in enumerate(chunks):
         per_rank[index % pp] += chunk.count("t") + chunk.count("m")
     return per_rank
+
+
+def warmup_forwards(pp: int, vpp: int, rank: int, microbatches: int) -> int:
+    """Chunk forwards Megatron's interleaved schedule runs on pipeline rank `rank` before its
+    first backward, plus one: (PP - rank - 1) x 2 + (VPP - 1) x PP + 1, at most all of them."""
+    return min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)

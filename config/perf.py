@@ -62,6 +62,7 @@ from config.estimate import (
 )
 from config.finalize import Derived
 from config.hardware import Cluster
+from config.layout import warmup_forwards
 from config.perf_constants import CONSTANTS, VALUES  # noqa: F401 (CONSTANTS: the sources)
 from config.schema import TrainingConfig, selective_modules
 
@@ -424,7 +425,7 @@ def predict(
         step = {"layers": microbatches * totals[slowest]}
     if costs.ep_unpaired:  # the alltoall overlap pairs no warm-up forward, no cool-down backward
         rank = loads.index(slowest)
-        warm = 1 if pp == 1 else min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+        warm = 1 if pp == 1 else warmup_forwards(pp, vpp, rank, microbatches)
         unpaired = warm / vpp * (slowest[1] + slowest[3]) * costs.ep_unpaired  # its MoE layers
         step["ep" if detail else "layers"] += unpaired
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
