@@ -46,6 +46,7 @@ from config.perf import (
 )
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
+from config.rules.moe_overlap import layout_obstacles
 from config.schema import TrainingConfig
 
 # The recompute fields, in the order of the planner's recompute tuples.
@@ -238,13 +239,6 @@ def _apply(
     alltoall overlap `a2a` = (wanted, pinned): as pinned, else wherever Megatron-Core runs it."""
     par, m = work.parallel, work.model
     par.use_megatron_fsdp = fsdp
-    overlap, pinned_a2a = a2a
-    if overlap and not pinned_a2a:
-        overlap = shape.ep > 1 and (shape.pp == 1 or shape.vpp is not None)
-        overlap = (
-            overlap and recompute[0] != "full" and "moe" not in (recompute[3] or "").split(",")
-        )
-    par.overlap_moe_expert_parallel_comm = overlap
     par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
     par.pipeline_model_parallel_size = shape.pp
     par.virtual_pipeline_model_parallel_size = shape.vpp
@@ -254,6 +248,10 @@ def _apply(
     work.train.micro_batch_size = mbs
     m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute[:3]
     m.recompute_modules = recompute[3]
+    overlap, pinned_a2a = a2a
+    if overlap and not pinned_a2a:
+        overlap = not layout_obstacles(m, shape.ep, shape.pp, shape.vpp or 1)
+    par.overlap_moe_expert_parallel_comm = overlap
 
 
 def overrides(work: TrainingConfig) -> list[str]:

@@ -8,26 +8,18 @@ from __future__ import annotations
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import TrainingConfig, selective_modules
+from config.schema import ModelConfig, TrainingConfig, selective_modules
 
 FIELD = "parallel.overlap_moe_expert_parallel_comm"
 
 
-def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    par, m = cfg.parallel, cfg.model
-    if not par.overlap_moe_expert_parallel_comm:
-        return []
-    ep, pp = par.expert_model_parallel_size, par.pipeline_model_parallel_size
+def layout_obstacles(m: ModelConfig, ep: int, pp: int, chunks_per_rank: int) -> list[str]:
+    """What of the layout and the recompute keeps the overlap from running (`recipes plan` turns
+    it off where this is not empty)."""
     why: list[str] = []
     if not m.num_moe_experts or ep < 2:
         why.append(f"it needs expert parallelism (EP > 1), here EP={ep}")
-    if m.moe_token_dispatcher_type not in ("alltoall", "flex"):
-        why.append(
-            f"it needs model.moe_token_dispatcher_type alltoall or flex, not "
-            f"{m.moe_token_dispatcher_type!r}"
-        )
-    chunks = d.pipeline_chunks
-    if pp > 1 and chunks is not None and len(chunks) // pp < 2:
+    if pp > 1 and chunks_per_rank < 2:
         why.append(
             f"with PP={pp} it needs virtual pipeline stages (set "
             "parallel.virtual_pipeline_model_parallel_size to 2 or more)"
@@ -37,6 +29,21 @@ def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Probl
     if "moe" in selective_modules(m):
         why.append(
             "it cannot recompute the whole MoE layer (drop 'moe' from model.recompute_modules)"
+        )
+    return why
+
+
+def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+    par, m = cfg.parallel, cfg.model
+    if not par.overlap_moe_expert_parallel_comm:
+        return []
+    pp, chunks = par.pipeline_model_parallel_size, d.pipeline_chunks
+    per_rank = len(chunks) // pp if chunks is not None else 2  # no layout: pipeline rules say so
+    why = layout_obstacles(m, par.expert_model_parallel_size, pp, per_rank)
+    if m.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        why.append(
+            f"it needs model.moe_token_dispatcher_type alltoall or flex, not "
+            f"{m.moe_token_dispatcher_type!r}"
         )
     if d.preset is not None and d.preset.params_dtype == "fp32":
         why.append(f"it needs BF16 or FP16 weights, not precision={cfg.precision}")
