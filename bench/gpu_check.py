@@ -1,4 +1,5 @@
-"""Everything issue 14 measures on one lent GPU, in one command of at most 10 minutes.
+"""Everything issue 14 measures on one lent GPU, in one command of at most 10 minutes, and the
+step-time model of `recipes plan` held against it (issue 9: the `calibrate` step).
 
 Run by scripts/gpu_check.sh (`make gpu-check`), which first installs the carried wheels into a
 folder on PYTHONPATH. Each STEP runs as a subprocess with its own time budget, cut to what is left
@@ -45,6 +46,9 @@ class Step:
 TITAN = [PY, "bench/torchtitan_compare.py", "--json", "{out}/result.json"]
 TITAN_CPU = [*TITAN, "--device", "cpu", "--flavor", "debugmodel", "--layers", "2", "--seq", "64"]
 TITAN_CPU += ["--steps", "2", "--warmup", "1", "--attn", "sdpa"]
+CALIBRATE = [PY, "bench/perf_one_gpu.py", "--proxy", "{root}/proxy/result.json"]
+CALIBRATE += ["--attention", "{root}/attention/result.json", "--env", "{root}/env/result.json"]
+CALIBRATE += ["--json", "{out}/result.json"]
 STEPS = [
     Step("env", 30, *[[PY, "bench/gpu_check_env.py", "{out}/result.json"]] * 2),
     Step(
@@ -71,6 +75,8 @@ STEPS = [
         + ["--seq", "128", "--heads", "4", "--groups", "2", "--head-dim", "16", "--iters", "2"]
         + ["--layers", "2", "--step-s", "{proxy_step_s}"],
     ),
+    # The step-time model against the proxy and attention just measured (CPU only, seconds).
+    Step("calibrate", 30, *[CALIBRATE] * 2),
     Step(
         "memory",
         150,
@@ -110,6 +116,7 @@ def command(step: Step, cpu: bool, out: Path, figures: dict[str, Any]) -> list[s
     proxy = figures.get("proxy", {}).get("result", {}).get("bf16_mixed", {})
     values = {
         "out": str(out),
+        "root": str(out.parent),
         "layers": str(LAYERS),
         "proxy_step_s": str(proxy.get("step_time_s") or 0),
     }
@@ -230,6 +237,11 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
     out["memory_predicted_over_measured"] = {
         name: r.get("ratio_to_allocated") for name, r in memory.items() if isinstance(r, dict)
     }
+    fits = [f for f in get("calibrate") or [] if isinstance(f, dict) and "gpu" in f]
+    if fits:  # the BF16 proxy at LAYERS: config/perf.py's prediction and the constants it implies
+        out["model_predicted_over_measured"] = fits[0]["predicted_over_measured"]
+        out["gemm_fit"] = {fits[0].get("gemm_constant"): fits[0].get("gemm_fit")}
+        out["attention_fit"] = fits[0].get("attention_fit")
     out["proxy_fit_layers"] = get("proxy_fit", "bf16_mixed", "layers")
     out["proxy_fit_mfu"] = get("proxy_fit", "bf16_mixed", "mfu")
     out["async_save_overhead_s_per_save"] = get("async_save", "overhead_s_per_save")

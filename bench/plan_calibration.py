@@ -9,7 +9,9 @@ How CONSTANTS in config/perf_constants.py were set: the rates and bandwidths fro
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
 expert_half_dim). --search moves one constant at a time by 10% while the loss (median
 absolute error, plus the mean, plus a penalty per published layout ranked below 5th) falls; from the
-table's values no such move lowers it by more than 0.002.
+table's values no such move lowers it by more than 0.002. On a lent GPU, `make gpu-check`'s
+calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU proxy: try
+such a fit here with --set before it moves into the table.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class LayerCosts:
 TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
 
 
-def _peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
+def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
     """Dense TFLOPS of the precision the decoder's GEMMs run in, and that precision's name."""
     spec, recipe = cluster.spec, derived.preset.fp8_recipe if derived.preset else None
     if recipe == "nvfp4" and spec.fp4_tflops:
@@ -133,7 +133,7 @@ def layer_costs(
     et = (derived.expert_tensor_parallel_size or t) if moe else 1
     s, h = m.seq_length, m.hidden_size
     tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
-    peak, kind = _peak(cfg, cluster, derived)
+    peak, kind = gemm_peak(cfg, cluster, derived)
     lin = 1 if kind != "bf16" else 2
     half = k["gemm_half_dim"]
 
@@ -474,7 +474,7 @@ def predict(
     seconds = sum(step.values())
     tokens_per_gpu = cfg.train.global_batch_size * m.seq_length / seconds / cluster.world_size
     tflops = tokens_per_gpu * costs.flops_per_token / 1e12
-    peak, _ = _peak(cfg, cluster, derived)
+    peak, _ = gemm_peak(cfg, cluster, derived)
     return StepTime(seconds, step, tokens_per_gpu, tflops, tflops / peak)
 
 

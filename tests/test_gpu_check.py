@@ -26,6 +26,7 @@ import gpu_async_save  # noqa: E402
 import gpu_attention  # noqa: E402
 import gpu_check  # noqa: E402
 import gpu_memory  # noqa: E402
+import perf_one_gpu  # noqa: E402
 
 # --- the wheel plan ---------------------------------------------------------------------------
 
@@ -292,6 +293,66 @@ def test_headline_ratios_from_the_steps() -> None:
     figures["proxy"]["result"]["bf16_mixed"]["step_time_s"] = 2.5
     attention = next(s for s in gpu_check.STEPS if s.name == "attention")
     assert "2.5" in gpu_check.command(attention, False, Path("/x"), figures)
+
+
+def _proxy_step_at(gemm_bf16: float, layers: int = 6) -> tuple[float, float]:
+    """The step time config/perf.py predicts for the BF16 proxy at another GEMM rate, and its
+    attention time per layer and microbatch."""
+    from config import perf
+    from config.finalize import finalize
+    from config.hardware import Cluster
+
+    cfg, h100 = perf_one_gpu.proxy_config(layers, "bf16_mixed"), Cluster(1, 1, "h100")
+    k = {**perf.VALUES, "gemm_bf16": gemm_bf16}
+    step = perf.predict(cfg, h100, finalize(cfg, h100), k)
+    return step.seconds, perf.layer_costs(cfg, h100, finalize(cfg, h100), k).dense["attention"]
+
+
+def test_the_one_gpu_fit_finds_the_rates_a_measurement_implies() -> None:
+    from config import perf
+
+    measured, attention = _proxy_step_at(0.55)
+    fit = perf_one_gpu.fit("h100", "bf16_mixed", 6, measured)
+    assert fit["gemm_constant"] == "gemm_bf16" and fit["gemm_fit"] == pytest.approx(0.55, abs=1e-6)
+    assert fit["predicted_over_measured"] < 1  # the table's 0.70 predicts a shorter step
+    # SDPA measured 25% slower than the model's attention: the attention rate falls by as much,
+    # and the GEMM rate that explains the same step rises to make up for it.
+    fit = perf_one_gpu.fit("h100", "bf16_mixed", 6, measured, sdpa_fwd_bwd_s=attention * 1.25)
+    assert fit["attention_fit"] == pytest.approx(perf.VALUES["attention"] / 1.25)
+    assert fit["gemm_fit"] > 0.56
+    # A step no GEMM rate explains (faster than the model's other terms alone): no fit, a reason.
+    fit = perf_one_gpu.fit("h100", "bf16_mixed", 6, measured / 20)
+    assert fit["gemm_fit"] is None and "no gemm_bf16" in fit["gemm_fit_note"]
+
+
+def test_the_calibrate_step_fits_what_the_proxy_and_attention_steps_wrote(tmp_path: Path) -> None:
+    measured, attention = _proxy_step_at(0.6)
+    for step, result in (
+        ("proxy", {"bf16_mixed": {"device": "NVIDIA H100 80GB HBM3", "layers": 6}}),
+        ("attention", {"sdpa_fwd_bwd_s": attention}),
+        ("env", {"transformer-engine": None}),
+    ):
+        (tmp_path / step).mkdir()
+        (tmp_path / step / "result.json").write_text(json.dumps(result))
+    proxy = json.loads((tmp_path / "proxy" / "result.json").read_text())
+    proxy["bf16_mixed"]["step_time_s"] = measured
+    (tmp_path / "proxy" / "result.json").write_text(json.dumps(proxy))
+    calibrate = next(s for s in gpu_check.STEPS if s.name == "calibrate")
+    (tmp_path / "calibrate").mkdir()
+    cmd = gpu_check.command(calibrate, False, tmp_path / "calibrate", {})
+    assert perf_one_gpu.main(cmd[2:]) == 0  # what the step runs, in this process
+    fits = json.loads((tmp_path / "calibrate" / "result.json").read_text())
+    assert fits[0]["gemm_fit"] == pytest.approx(0.6, abs=1e-6)
+    assert fits[0]["transformer_engine"] is None  # the fit is then a lower bound: no TE fusions
+    headline = gpu_check.headline({"calibrate": {"result": fits}})
+    assert headline["gemm_fit"] == {"gemm_bf16": pytest.approx(0.6, abs=1e-6)}
+    table = _proxy_step_at(perf_one_gpu.perf.VALUES["gemm_bf16"])[0]
+    assert headline["model_predicted_over_measured"] == pytest.approx(table / measured)
+    # On the CPU dry run the proxy's figures are the CPU's: nothing to fit, and it says so.
+    proxy["bf16_mixed"]["device"] = "cpu"
+    (tmp_path / "proxy" / "result.json").write_text(json.dumps(proxy))
+    perf_one_gpu.main(cmd[2:])
+    assert "skipped" in json.loads((tmp_path / "calibrate" / "result.json").read_text())[0]
 
 
 def test_the_logs_tarball_leaves_checkpoints_and_data_behind() -> None:
