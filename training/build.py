@@ -27,6 +27,7 @@ from config.finalize import Derived
 from config.precision import TORCH_DTYPES
 from config.registry import MODEL_ARCHS, load
 from config.schema import TrainingConfig
+from models.cpu_experts import build_with_distinct_experts
 from models.gpt import transformer_config
 
 
@@ -85,7 +86,12 @@ def build_model(
     config = transformer_config(cfg, derived, device, dtype)
     # The architecture's builder (config/registry.py): GPT chunks, or LLaVA's encoder + GPT.
     build_chunks = load(MODEL_ARCHS[cfg.model.arch].builder)
-    chunks: list[torch.nn.Module] = build_chunks(cfg, derived, config, device)
+    chunks: list[torch.nn.Module]
+    if device == "cpu" and cfg.model.num_moe_experts:  # distinct experts, the same at any EP
+        build = lambda: build_chunks(cfg, derived, config, device)  # noqa: E731
+        chunks = build_with_distinct_experts(build, cfg.train.seed)
+    else:
+        chunks = build_chunks(cfg, derived, config, device)
     if cfg.peft.scheme == "lora":  # adapters on the target layers, every base weight frozen
         from training.lora import adapt
 
