@@ -259,6 +259,28 @@ def test_a_new_data_kind_needs_its_module_and_one_registry_entry(
     assert len(trained) == 6 and trained[-1] < trained[0] - 1.0  # 7 ids, one sequence: learnt
 
 
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_the_gradient_norm_is_logged_with_clipping_off(
+    one_rank: None, tmp_path: Path, fsdp: bool
+) -> None:
+    """optimizer.clip_grad=0 logs the norm that clipping would have measured: Megatron-Core's
+    mixed-precision optimizer (Megatron-FSDP's) reports 0.0 when it does not clip."""
+    logged = {}
+    for clip in (1.0, 0.0):
+        cfg = tiny(tmp_path / f"clip{clip}", max_steps=2)
+        cfg.optimizer.clip_grad = clip
+        cfg.parallel.use_megatron_fsdp = fsdp
+        trainer = trainer_for(cfg)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+        rows = (tmp_path / f"clip{clip}" / "metrics.jsonl").read_text().splitlines()
+        logged[clip] = [json.loads(row)["grad_norm"] for row in rows]
+    assert logged[0.0][0] > 0.5  # ~1.41 for this seed (a fresh tiny GPT)
+    assert logged[0.0] == pytest.approx(logged[1.0], rel=1e-6)
+
+
 def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path) -> None:
     """A 1-layer MoE, then a 3-layer one, through `pretrain` in one process (as run_many does):
     Megatron-Core's per-layer loss trackers must not keep the first model's size."""

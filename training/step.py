@@ -132,6 +132,10 @@ def train_step(
     )
     lr = get_canonical_lr_for_logging(optimizer.param_groups)  # the LR this update uses
     updated, grad_norm, _ = optimizer.step()
+    if updated and not grad_norm and optimizer.config.clip_grad <= 0:
+        # Without clipping, Megatron-Core's mixed-precision optimizer (Megatron-FSDP's) reports
+        # 0.0 as the norm; the gradients are still in its main grads: measure them.
+        grad_norm = optimizer.get_grad_norm()
     if updated:
         scheduler.step(increment=1)
     return StepResult(
