@@ -206,6 +206,9 @@ class ModelConfig:
     # the container: DeepEP (deep_ep) or HybridEP.
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = "deepep"
+    # The shared experts compute on a side stream while the alltoall or flex dispatcher exchanges
+    # the routed tokens (Megatron-Core's moe_shared_expert_overlap).
+    moe_shared_expert_overlap: bool = False
     moe_grouped_gemm: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).

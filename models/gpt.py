@@ -138,6 +138,7 @@ def transformer_config(
             moe_aux_loss_coeff=m.moe_aux_loss_coeff,
             moe_token_dispatcher_type=m.moe_token_dispatcher_type,
             moe_flex_dispatcher_backend=m.moe_flex_dispatcher_backend,
+            moe_shared_expert_overlap=m.moe_shared_expert_overlap,
             moe_grouped_gemm=m.moe_grouped_gemm,
             # How the router turns scores into weights (models/hf/ names each family's choice):
             # softmax before or after the top k, DeepSeek-V3's expert bias, group-limited routing

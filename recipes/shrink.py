@@ -155,6 +155,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "alltoall on CUDA streams; the same steps run one after the other)"
         )
         par.overlap_moe_expert_parallel_comm = False
+    if model.moe_shared_expert_overlap:
+        changes.append(
+            "model.moe_shared_expert_overlap: True -> False (it overlaps the alltoall's exchange "
+            "on a side CUDA stream; the allgather dispatcher has none to hide)"
+        )
+        model.moe_shared_expert_overlap = False
     if par.context_parallel_size > 1:
         changes.append(
             f"parallel.context_parallel_size: {par.context_parallel_size} -> 1 (context parallel "

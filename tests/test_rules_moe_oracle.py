@@ -91,6 +91,7 @@ MOVES: dict[str, list] = {
     "model.moe_router_group_topk": [None, 1, 2, 5],
     "model.mtp_num_layers": [None, 1],
     "parallel.overlap_moe_expert_parallel_comm": [False, True],
+    "model.moe_shared_expert_overlap": [False, True],
 }
 
 
@@ -185,6 +186,25 @@ CASES: list[list[tuple[str, object]]] = [
             [("precision", "fp32")],
             [("precision", "fp16_mixed")],
             [("model.mtp_num_layers", 2)],
+        )
+    ),
+    # the shared experts behind the exchange: with each dispatcher, with them recomputed, with
+    # no shared experts (ignored), with the alltoall overlap
+    *(
+        [("model.moe_shared_expert_overlap", True), *moves]
+        for moves in (
+            [("model.moe_shared_expert_intermediate_size", 512)],
+            [("model.moe_shared_expert_intermediate_size", 512)]
+            + [("model.moe_token_dispatcher_type", "allgather")],
+            [("model.moe_shared_expert_intermediate_size", 512)]
+            + [("model.moe_token_dispatcher_type", "flex")],
+            [("model.moe_shared_expert_intermediate_size", 512)]
+            + [("model.recompute_granularity", "selective")]
+            + [("model.recompute_modules", "shared_experts")],
+            [("model.moe_shared_expert_intermediate_size", None)]
+            + [("model.moe_token_dispatcher_type", "allgather")],
+            [("model.moe_shared_expert_intermediate_size", 512), (A2A, True)],
+            [("model.moe_shared_expert_intermediate_size", None), (A2A, True)],
         )
     ),
     # DeepSeek-V3's router: sigmoid, expert bias, groups

@@ -102,6 +102,18 @@ def test_moe_alltoall_overlap_goes_with_the_alltoall() -> None:
     assert problems(cfg) == []
 
 
+def test_the_shared_expert_overlap_goes_with_the_alltoall() -> None:
+    """DeepSeek-V3 has shared experts: with their overlap on, the CPU's all-gather dispatcher
+    would be refused (model.moe_shared_expert_overlap needs alltoall or flex)."""
+    cfg = shrunk("deepseek_v3_pretrain")
+    cfg.model.moe_shared_expert_overlap = True
+    changes = cpu_substitutes(cfg)
+    assert any(c.startswith("model.moe_shared_expert_overlap: True -> False (") for c in changes)
+    assert not cfg.model.moe_shared_expert_overlap
+    fit_to_world(cfg, 4)
+    assert problems(cfg) == []
+
+
 def test_a_recipe_the_cpu_runs_as_is_is_left_alone() -> None:
     cfg = shrunk("llama32_1b_pretrain")
     assert cpu_substitutes(cfg) == []

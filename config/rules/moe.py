@@ -8,7 +8,7 @@ from __future__ import annotations
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem, choices, divisors
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, selective_modules
 
 
 def moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
@@ -39,7 +39,8 @@ def moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
         out.append(
             Problem("model.moe_router_topk", f"must be between 1 and num_moe_experts={experts}")
         )
-    return out + _layers(cfg) + _widths(cfg, etp) + _router(cfg) + _dispatcher(cfg, ep, etp)
+    out += _layers(cfg) + _widths(cfg, etp) + _router(cfg) + _dispatcher(cfg, ep, etp)
+    return out + _shared_overlap(cfg)
 
 
 def _layers(cfg: TrainingConfig) -> list[Problem]:
@@ -190,6 +191,35 @@ def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:
             "parallel.expert_model_parallel_size, or the hybridep backend",
         )
     ]
+
+
+def _shared_overlap(cfg: TrainingConfig) -> list[Problem]:
+    """model.moe_shared_expert_overlap hides the shared experts behind the alltoall or flex
+    exchange, and TransformerConfig refuses it with another dispatcher or with the shared experts
+    recomputed. (Without shared experts Megatron-Core ignores it.)"""
+    m = cfg.model
+    if not m.moe_shared_expert_overlap or not m.moe_shared_expert_intermediate_size:
+        return []
+    field = "model.moe_shared_expert_overlap"
+    out = []
+    if m.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        out.append(
+            Problem(
+                field,
+                f"is true with model.moe_token_dispatcher_type={m.moe_token_dispatcher_type!r}: "
+                "the shared experts overlap the alltoall or flex dispatcher's exchange only; use "
+                "one of those, or set it false",
+            )
+        )
+    if "shared_experts" in selective_modules(m):
+        out.append(
+            Problem(
+                field,
+                "is true while model.recompute_modules recomputes 'shared_experts', which "
+                "Megatron-Core refuses; drop 'shared_experts' from it, or set this false",
+            )
+        )
+    return out
 
 
 def _expert_grid(cfg: TrainingConfig, d: Derived, ep: int, etp: int) -> list[Problem]:

@@ -49,6 +49,11 @@ def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Probl
         why.append(f"it needs BF16 or FP16 weights, not precision={cfg.precision}")
     if m.arch != "gpt":  # the schedule runs GPTModel's schedule plan (models/gpt.py forward)
         why.append(f"it runs GPT models only (GPTModel.build_schedule_plan), not {m.arch!r}")
+    if m.moe_shared_expert_overlap:
+        why.append(
+            "Megatron-Core refuses it with model.moe_shared_expert_overlap (set that false: "
+            "this overlap hides the exchange behind a whole microbatch instead)"
+        )
     if (m.mtp_num_layers or 0) > 1:
         why.append(
             f"it supports at most one MTP layer, here model.mtp_num_layers={m.mtp_num_layers}"
