@@ -12,6 +12,7 @@ weights as the layer runs; the same optimizer steps its shards.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -86,12 +87,12 @@ def build_model(
     config = transformer_config(cfg, derived, device, dtype)
     # The architecture's builder (config/registry.py): GPT chunks, or LLaVA's encoder + GPT.
     build_chunks = load(MODEL_ARCHS[cfg.model.arch].builder)
+    build = functools.partial(build_chunks, cfg, derived, config, device)
     chunks: list[torch.nn.Module]
     if device == "cpu" and cfg.model.num_moe_experts:  # distinct experts, the same at any EP
-        build = lambda: build_chunks(cfg, derived, config, device)  # noqa: E731
         chunks = build_with_distinct_experts(build, cfg.train.seed)
     else:
-        chunks = build_chunks(cfg, derived, config, device)
+        chunks = build()
     if cfg.peft.scheme == "lora":  # adapters on the target layers, every base weight frozen
         from training.lora import adapt
 
