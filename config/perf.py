@@ -225,6 +225,9 @@ def layer_costs(
                 hidden = min(ep / 2, 2 * work / 3) + min(ep / 2, work / 3)
                 unpaired = (1 - k["overlap_contention"]) * hidden
                 ep -= unpaired
+            elif m.moe_shared_expert_overlap and fs:  # the shared experts on a side stream,
+                # behind this microbatch's own dispatch and combine, forward and backward
+                ep -= (1 - k["overlap_contention"]) * min(ep, shared)
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,

@@ -93,6 +93,28 @@ def test_the_overlap_hides_the_alltoall_behind_compute() -> None:
     assert fast.tokens_per_s_per_gpu > slow.tokens_per_s_per_gpu
 
 
+def test_the_shared_experts_hide_what_they_compute_of_the_exchange() -> None:
+    """model.moe_shared_expert_overlap: the shared experts' forward and backward run beside the
+    same microbatch's dispatch and combine, so the exchange shrinks by their time (the GEMM time
+    a model without shared experts lacks), less the contention share, and never below zero."""
+    shared = "model.moe_shared_expert_overlap=true"
+
+    def moe_costs(*overrides: str) -> dict[str, float]:
+        _, cfg = resolve(DSV3, [FLEX, *overrides])
+        return perf.layer_costs(cfg, CLUSTER_1024, finalize(cfg, CLUSTER_1024)).moe
+
+    plain, overlapped = moe_costs(), moe_costs(shared)
+    shared_s = plain["gemm"] - moe_costs("model.moe_shared_expert_intermediate_size=null")["gemm"]
+    assert 0 < shared_s < plain["ep"]  # DeepSeek-V3 at EP 64: the exchange outlasts them
+    assert overlapped["gemm"] == plain["gemm"]  # the same work, on another stream
+    contention = perf.VALUES["overlap_contention"]
+    assert overlapped["ep"] == pytest.approx(plain["ep"] - (1 - contention) * shared_s)
+    # With the alltoall overlap too, Megatron-Core refuses the pair, and `check` says so.
+    _, both = resolve(DSV3, [FLEX, shared, A2A])
+    problems = validate(both, CLUSTER_1024, finalize(both, CLUSTER_1024))
+    assert any("moe_shared_expert_overlap" in p.message for p in problems)
+
+
 def test_the_first_forward_and_the_last_backward_stay_exposed() -> None:
     """At PP 1 the combined schedule pairs every microbatch's exchange but the first forward's
     and the last backward's: one microbatch's worth, on every MoE layer."""
