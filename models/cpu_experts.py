@@ -47,12 +47,11 @@ def build_with_distinct_experts(
     return chunks
 
 
-def reinit_cpu_experts(chunks: list[torch.nn.Module], seed: int) -> int:
-    """Draw every local expert's weights again from its own seed; the experts done."""
+def reinit_cpu_experts(chunks: list[torch.nn.Module], seed: int) -> None:
+    """Draw every local expert's weights again from its own seed."""
     ep_rank = parallel_state.get_expert_model_parallel_rank()
     etp_rank = parallel_state.get_expert_tensor_parallel_rank()
     etp = parallel_state.get_expert_tensor_parallel_world_size()
-    done = 0
     for chunk in chunks:
         for name, layer in chunk.named_modules():
             if not isinstance(layer, MoELayer) or not isinstance(layer.experts, SequentialMLP):
@@ -67,8 +66,6 @@ def reinit_cpu_experts(chunks: list[torch.nn.Module], seed: int) -> int:
                     ("fc2", expert.linear_fc2, expert.config.output_layer_init_method),
                 ):
                     _redraw(linear, init, f"{seed}:{where}:{number}:{part}", etp_rank, etp)
-                done += 1
-    return done
 
 
 def _redraw(linear: torch.nn.Module, init, key: str, rank: int, world: int) -> None:

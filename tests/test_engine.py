@@ -88,17 +88,22 @@ def trainer_for(cfg: TrainingConfig) -> Any:
     return Trainer(cfg, finalize(cfg, ONE_CPU), "cpu", Path(cfg.logging.run_dir))
 
 
+def train(cfg: TrainingConfig) -> None:
+    """Train `cfg` to its max_steps in this process, and close the trainer however it ends."""
+    trainer = trainer_for(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+
+
 def losses(run_dir: Path) -> list[float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]
 
 
 def test_train_step_gives_the_recorded_loss(one_rank: None, tmp_path: Path) -> None:
-    trainer = trainer_for(tiny(tmp_path, max_steps=3))
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
+    train(tiny(tmp_path, max_steps=3))
     first, *rest = losses(tmp_path)
     assert first == pytest.approx(FIRST_LOSS, abs=1e-5)
     assert abs(first - math.log(256)) < 0.1
@@ -178,11 +183,7 @@ def test_a_rerun_after_a_crash_before_any_checkpoint_logs_each_step_once(
     for max_steps in (3, 2):  # the second job dies too, earlier
         cfg = tiny(tmp_path, max_steps=max_steps)
         cfg.logging.tensorboard = True
-        trainer = trainer_for(cfg)
-        try:
-            trainer.train()
-        finally:
-            trainer.close()
+        train(cfg)
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
     assert steps == [1, 2]
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -270,11 +271,7 @@ def test_the_gradient_norm_is_logged_with_clipping_off(
         cfg = tiny(tmp_path / f"clip{clip}", max_steps=2)
         cfg.optimizer.clip_grad = clip
         cfg.parallel.use_megatron_fsdp = fsdp
-        trainer = trainer_for(cfg)
-        try:
-            trainer.train()
-        finally:
-            trainer.close()
+        train(cfg)
         rows = (tmp_path / f"clip{clip}" / "metrics.jsonl").read_text().splitlines()
         logged[clip] = [json.loads(row)["grad_norm"] for row in rows]
     assert logged[0.0][0] > 0.5  # ~1.41 for this seed (a fresh tiny GPT)
