@@ -62,7 +62,7 @@ def choice_fields(cls: type, prefix: str = "") -> list[tuple[str, list[Any]]]:
     out = []
     for name, tp in field_types(cls).items():
         inner, _ = _optional_inner(tp)
-        if dataclasses.is_dataclass(inner):
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             out += choice_fields(inner, f"{prefix}{name}.")
         elif (values := choices(cls, name)) is not None:
             out.append((f"{prefix}{name}", values))
@@ -147,7 +147,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         if optional:
             return None
         raise ConfigError([(path, f"may not be None (expected {_type_name(tp)})")])
-    if dataclasses.is_dataclass(inner):
+    if isinstance(inner, type) and dataclasses.is_dataclass(inner):
         if isinstance(value, inner):
             return value
         if isinstance(value, dict):
@@ -306,7 +306,8 @@ def _apply_one(root: Any, item: str) -> None:
         raise ConfigError([(item, "an override needs the form field.path=value")])
     path, text = item.split("=", 1)
     path = path.strip()
-    if path == "model" and dataclasses.is_dataclass(root) and "model" in field_types(type(root)):
+    root_cls = type(root)
+    if path == "model" and dataclasses.is_dataclass(root_cls) and "model" in field_types(root_cls):
         root.model = _model_from_folder(text, root.model)
         return
     parts = path.split(".")

@@ -19,8 +19,8 @@ rank is cheaper than broadcasting them and keeps the microbatch streams of all s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -97,7 +97,7 @@ class SampledBatches:
 
     def _open(self) -> Iterator[dict[str, torch.Tensor]]:
         sampler = DataParallelSampler(
-            len(self.dataset),
+            len(cast(Sized, self.dataset)),  # a map-style dataset; torch's Dataset declares no len
             self.consumed_samples,
             self.micro_batch_size,
             self.dp_rank,

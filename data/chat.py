@@ -116,6 +116,7 @@ class ChatTemplate:
     def encode(self, messages: list[dict[str, str]], where: str) -> Conversation:
         """Token ids of the conversation and which are the assistant's; `where` (file:line)
         names it in errors."""
+        mask: list[int] | np.ndarray
         if self.marked:
             out = self.backend.apply_chat_template(
                 messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True

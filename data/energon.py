@@ -24,24 +24,30 @@ import io
 import json
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from config.finalize import Derived
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, VisionConfig
 from data.batches import on_device
 from data.vlm_encoder import EncoderConfig, VLMBatch, VLMTaskEncoder
 
 SAMPLE_LOG_ENV = "RECIPES_SAMPLE_LOG"
 
 
-def image_tokens(cfg: TrainingConfig) -> int:
-    """LM positions one image takes: the patches, plus the class token when the encoder has one."""
+def _vision(cfg: TrainingConfig) -> VisionConfig:
     v = cfg.model.vision
     if v is None:
         raise ValueError("data.kind=energon feeds images and needs model.vision (model.arch=llava)")
+    return v
+
+
+def image_tokens(cfg: TrainingConfig) -> int:
+    """LM positions one image takes: the patches, plus the class token when the encoder has one."""
+    v = _vision(cfg)
     return (v.image_size // v.patch_size) ** 2 + int(v.class_token)
 
 
@@ -53,7 +59,7 @@ def encoder_config(cfg: TrainingConfig) -> EncoderConfig:
     return EncoderConfig(
         tokenizer=cfg.data.tokenizer,
         seq_length=cfg.model.seq_length,
-        image_size=cfg.model.vision.image_size,
+        image_size=_vision(cfg).image_size,
         image_tokens=image_tokens(cfg),
     )
 
@@ -70,6 +76,11 @@ def build_loader(
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     data = cfg.data
+    if data.path is None:
+        raise ValueError(
+            "data.kind=energon needs data.path: prepare an Energon dataset with `recipes data "
+            "prepare SRC OUT` (or `recipes data make-synthetic-vlm OUT`) and point data.path at OUT"
+        )
     if "://" not in data.path and not Path(data.path).exists():  # Energon also reads msc:// URLs
         raise FileNotFoundError(
             f"data.path={data.path!r} does not exist; prepare an Energon dataset with `recipes data "
@@ -126,7 +137,8 @@ class EnergonBatches:
         self.loader = build_loader(cfg, dp_rank, derived.data_parallel_size)
         # Energon's loader always asks for pinned memory; that helps only on the way to a GPU.
         self.loader.pin_memory = cfg.data.pin_memory and device == "cuda"
-        self._iterator = None  # started on the first batch, after a possible load_state_dict
+        # Started on the first batch, after a possible load_state_dict.
+        self._iterator: Iterator[VLMBatch] | None = None
         log_dir = os.environ.get(SAMPLE_LOG_ENV)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self._log = Path(log_dir) / f"rank{rank}.jsonl" if log_dir else None
@@ -139,14 +151,14 @@ class EnergonBatches:
         batches: list[VLMBatch] = [next(self._iterator) for _ in range(self.num_microbatches)]
         self.consumed_samples += self.global_batch_size
         if self._log is not None:
-            self._write_keys(batches)
+            self._write_keys(self._log, batches)
         return on_device([to_dict(b) for b in batches], self.device)
 
-    def _write_keys(self, batches: list[VLMBatch]) -> None:
+    def _write_keys(self, log: Path, batches: list[VLMBatch]) -> None:
         step = self.consumed_samples // self.global_batch_size
         row = {"step": step, "dp_rank": self._dp_rank, "keys": [b.__key__ for b in batches]}
-        self._log.parent.mkdir(parents=True, exist_ok=True)
-        with self._log.open("a", encoding="utf-8") as f:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
     def state_dict(self) -> dict[str, Any]:

@@ -325,9 +325,9 @@ def dtype_bound(dtype: str) -> int | None:
     return 1 << (8 * kind.itemsize) if kind.kind == "u" else None
 
 
-def token_id_range(prefix: str, dtype: str, tokens: int) -> tuple[int, int]:
+def token_id_range(prefix: str, dtype: str, tokens: int) -> tuple[int | None, int | None]:
     """(smallest, largest) token id in PREFIX.bin, reduced chunk by chunk through a memory map:
-    the file is read once, at disk speed, and never held in memory."""
+    the file is read once, at disk speed, and never held in memory. (None, None) for no tokens."""
     import numpy as np
 
     data = np.memmap(prefix + ".bin", dtype=dtype, mode="r", shape=(tokens,))
@@ -365,7 +365,7 @@ def file_key(paths: Iterable[str]) -> str:
     file is rewritten in place, so that nothing computed from the old one is reused."""
     import hashlib
 
-    parts = []
+    parts: list[list[str | int]] = []
     for path in paths:
         if "://" in path:  # object storage: the name is all there is to go by
             parts.append([path])

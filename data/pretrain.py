@@ -95,7 +95,7 @@ def check_indexed_data(cfg: TrainingConfig, prefixes: list[str], cache_dir: str 
 
 def _check_prefix_ids(cfg: TrainingConfig, prefix: str, rows: int, memo: str | None) -> None:
     facts = inspect_indexed(prefix, id_bound=rows, cache_dir=memo)
-    if facts.max_id is None or (facts.min_id >= 0 and facts.max_id < rows):
+    if facts.min_id is None or facts.max_id is None or (facts.min_id >= 0 and facts.max_id < rows):
         return  # None: the .bin's type cannot hold an id >= rows
     bad, position, document = locate_id(prefix, facts, rows)
     m = cfg.model

@@ -178,7 +178,11 @@ class TokenRows(Dataset):
         return len(self.order)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        tokens, labels, loss_mask, positions, segments = [], [], [], [], []
+        tokens: list[int] = []
+        labels: list[int] = []
+        loss_mask: list[float] = []
+        positions: list[int] = []
+        segments: list[int] = []
         for k, i in enumerate(self.rows[int(self.order[index])]):
             sample = self.samples[i]
             n = len(sample.ids) - 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from config.registry import data_kind
 
@@ -270,7 +270,7 @@ def _load_tokenizers_json(
                 "is not in its vocabulary"
             )
     else:
-        found = [ident(n) for n in EOD_CANDIDATES if ident(n) is not None]
+        found = [i for n in EOD_CANDIDATES if (i := ident(n)) is not None]
         if not found:
             raise ValueError(
                 f"data.tokenizer={shown_path!r}: cannot tell which token ends a document; none of "
@@ -299,7 +299,8 @@ def _load_transformers(folder: Path, eod_token: str | None) -> LocalTokenizer:
             f"data.tokenizer={str(folder)!r}: transformers cannot load a tokenizer from this "
             f"folder ({err})"
         ) from err
-    eod = backend.convert_tokens_to_ids(eod_token) if eod_token else backend.eos_token_id
+    # One token in, one id out (a list of tokens would give a list of ids).
+    eod = cast(int, backend.convert_tokens_to_ids(eod_token)) if eod_token else backend.eos_token_id
     if eod is None or (eod_token and eod == backend.unk_token_id):
         raise ValueError(
             f"data.tokenizer={str(folder)!r}: no end-of-document token "

@@ -154,6 +154,7 @@ class _ShardWriter:
             self.close()
             self.paths.append(self.out / f"shard-{len(self.paths):06d}.tar")
             self._tar = tarfile.open(self.paths[-1], "w")
+        assert self._tar is not None  # opened above for the first sample of each shard
         key = f"{self.count:09d}"  # no dots: WebDataset splits a member name at its first dot
         for ext, data in parts.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
@@ -225,10 +226,13 @@ def prepare_captions(
     writer = _ShardWriter(out, shard_size)
     try:
         for c in candidates:
-            problem, parts = c.problem, None
+            problem = c.problem
+            parts: dict[str, bytes] = {}  # the shard's files of a usable sample
             if problem is None and not (c.caption or "").strip():
                 problem = "empty caption"
             if problem is None:
+                # Every candidate without a problem has its image and caption (_Candidate).
+                assert c.image is not None and c.caption is not None
                 try:
                     ext, data = _encode_image(c.image)
                 except Exception as err:  # PIL raises OSError, ValueError, SyntaxError, ...

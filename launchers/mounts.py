@@ -86,8 +86,11 @@ def covering(path: str, mounts: list[Mount]) -> Mount | None:
 def to_container(path: str, mounts: list[Mount]) -> str | None:
     """Where the container sees host `path`, or None when no mount covers it."""
     mount = covering(path, mounts)
-    if mount is None:
-        return None
+    return None if mount is None else _in_container(path, mount)
+
+
+def _in_container(path: str, mount: Mount) -> str:
+    """Where the container sees host `path`, which `mount` covers."""
     return str(PurePosixPath(mount.container) / PurePosixPath(path).relative_to(mount.host))
 
 
@@ -118,7 +121,7 @@ def require_mounted(paths: dict[str, str], mounts: list[Mount]) -> dict[str, str
                 (field, f"{path} is on the read-only mount {mount}; the job must write there")
             )
         else:
-            inside[field] = to_container(path, mounts)
+            inside[field] = _in_container(path, mount)
     if problems:
         raise ConfigError(problems)
     return inside

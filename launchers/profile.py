@@ -110,10 +110,11 @@ def time_to_minutes(text: str) -> float:
         raise ConfigError(
             [("time", f'{text!r} is not a Slurm time ({TIME_FORMATS}); e.g. time = "04:00:00"')]
         )
-    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+    a = int(match[2])  # the one number every format has
+    days, b, c = (int(g) if g is not None else None for g in match.group(1, 3, 4))
     if days is not None:  # D-HH[:MM[:SS]]
         return days * 1440 + a * 60 + (b or 0) + (c or 0) / 60
-    if c is not None:  # HH:MM:SS
+    if b is not None and c is not None:  # HH:MM:SS
         return a * 60 + b + c / 60
     if b is not None:  # MM:SS
         return a + b / 60
@@ -132,7 +133,12 @@ def _check_type(key: str, value: Any, tp: Any) -> list[tuple[str, str]]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return [(key, f"expected a list of strings, got {value!r}")]
         return []
-    wanted = {"str": str, "int": int, "float": (int, float), "bool": bool}
+    wanted: dict[str, type | tuple[type, ...]] = {
+        "str": str,
+        "int": int,
+        "float": (int, float),
+        "bool": bool,
+    }
     for name, cls in wanted.items():
         if name in text:
             ok = isinstance(value, cls) and (name == "bool" or not isinstance(value, bool))
@@ -152,7 +158,7 @@ def from_toml(data: dict[str, Any], source: str = "profile") -> Profile:
             problems += _check_type(key, value, types[key])
     if problems:
         raise ConfigError(problems)
-    values = {
+    values: dict[str, Any] = {
         k: ({n: str(v) for n, v in d.items()} if isinstance(d, dict) else d)
         for k, d in data.items()
     }

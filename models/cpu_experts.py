@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from megatron.core import parallel_state
@@ -34,7 +35,7 @@ def build_with_distinct_experts(
     """`build()`'s model chunks, its experts drawn apart (see the module's docstring)."""
     original = SequentialMLP.__init__
 
-    def forked(self: SequentialMLP, *args, **kwargs) -> None:
+    def forked(self: SequentialMLP, *args: Any, **kwargs: Any) -> None:
         with torch.random.fork_rng(devices=[]):
             original(self, *args, **kwargs)
 
@@ -68,9 +69,13 @@ def reinit_cpu_experts(chunks: list[torch.nn.Module], seed: int) -> None:
                     _redraw(linear, init, f"{seed}:{where}:{number}:{part}", etp_rank, etp)
 
 
-def _redraw(linear: torch.nn.Module, init, key: str, rank: int, world: int) -> None:
+def _redraw(
+    linear: torch.nn.Module, init: Callable[[torch.Tensor], Any], key: str, rank: int, world: int
+) -> None:
     """The weight of one expert linear layer, drawn whole from `key`'s seed, this rank's slice."""
-    weight = linear.weight
+    # A Parameter with Megatron-Core's tensor-parallel attributes (partition_dim, ...), which
+    # torch's types do not declare.
+    weight: Any = linear.weight
     dim, stride = weight.partition_dim, weight.partition_stride
     rows, cols = weight.shape
     full = (rows * world, cols) if dim == 0 else (rows, cols * world)

@@ -14,7 +14,8 @@ where the preset asks for it. Weights stay in BF16 (fp8_param off).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -248,6 +249,9 @@ def forward(
     inputs build GPTModel's schedule plan, which that schedule runs in place of the forward.
     """
     mask = attention_mask(batch["segment_ids"]) if "segment_ids" in batch else None
-    run = model.build_schedule_plan if schedule_plan else model
+    # build_schedule_plan is GPTModel's own: typed as an nn.Module, `model` does not declare it.
+    run: Callable[..., Any] = (
+        cast(Callable[..., Any], model.build_schedule_plan) if schedule_plan else model
+    )
     output = run(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
     return output, batch["loss_mask"]

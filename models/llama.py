@@ -10,13 +10,16 @@ Face folder of those models loads with the same forward (models/hf/llama.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from config.schema import ModelConfig
 
 LLAMA3_VOCAB = 128_256
 LLAMA3_ROPE_BASE = 500_000
 
 
-def _llama3(**arch: int | bool) -> ModelConfig:
+def _llama3(**arch: Any) -> ModelConfig:
+    """The fields every Llama 3.x shares, plus the model's own (`arch`: ModelConfig fields)."""
     return ModelConfig(
         vocab_size=LLAMA3_VOCAB,
         num_query_groups=8,

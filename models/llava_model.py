@@ -62,6 +62,11 @@ _SHARED_FIELDS = (
 )
 
 
+# The checker refuses arch "llava" without model.vision (config/rules/vision.py): what is built
+# here always has one.
+_NEEDS_VISION = "arch 'llava' needs a model.vision section"
+
+
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """CLIP's activation: x * sigmoid(1.702 x)."""
     return x * torch.sigmoid(1.702 * x)
@@ -73,6 +78,7 @@ def _shared(language: TransformerConfig) -> dict[str, Any]:
 
 def vision_config(cfg: TrainingConfig, language: TransformerConfig) -> TransformerConfig:
     v = cfg.model.vision
+    assert v is not None, _NEEDS_VISION
     config = TransformerConfig(
         num_layers=v.num_layers,
         hidden_size=v.hidden_size,
@@ -99,6 +105,7 @@ def vision_config(cfg: TrainingConfig, language: TransformerConfig) -> Transform
 
 def projector_config(cfg: TrainingConfig, language: TransformerConfig) -> TransformerConfig:
     m = cfg.model
+    assert m.vision is not None, _NEEDS_VISION
     return TransformerConfig(
         num_layers=1,  # unused by the MLP; TransformerConfig insists on a value
         hidden_size=m.hidden_size,  # the projector's output: the LM's input width
@@ -191,6 +198,7 @@ def build_llava_chunks(
     """This rank's LLaVAModel (one chunk: encoder, projector and the whole LM stage), frozen parts
     marked, not yet wrapped or moved."""
     m, v = cfg.model, cfg.model.vision
+    assert v is not None, _NEEDS_VISION
     backend = choose_backend(device)
     language_spec, vision_spec, projector_spec = layer_specs(cfg, backend)
     build = contextlib.nullcontext() if backend == "te" else _without_te()

@@ -170,3 +170,17 @@ def test_estimate_counts_the_vision_encoder_and_frozen_parts() -> None:
     # Frozen weights hold no gradient and no optimizer state.
     assert frozen.gradients_gib < 0.1 < trained.gradients_gib
     assert frozen.total_gib < trained.total_gib
+
+
+def test_energon_names_a_missing_vision_section_or_path() -> None:
+    """Called without the checker: a clear error naming the field, not a failure on None inside."""
+    from data.energon import build_loader, encoder_config
+
+    cfg = get("tiny_llava_pretrain").config()
+    cfg.data.tokenizer, cfg.model.vision = "tokenizer.json", None
+    with pytest.raises(ValueError, match=r"needs model\.vision"):
+        encoder_config(cfg)
+    cfg = get("tiny_llava_pretrain").config()
+    cfg.data.path = None
+    with pytest.raises(ValueError, match=r"needs data\.path"):
+        build_loader(cfg, 0, 1)

@@ -239,6 +239,12 @@ class _CpuRNGStatesTracker:
     happens here on every dropout or weight init, since the forked generator is the CPU's.
     """
 
+    # CudaRNGStatesTracker's own state, which this mixin's methods take over.
+    _is_initialized: bool
+    states_: dict[str, torch.Tensor]
+    seeds_: set[int]
+    _current_state_name: str
+
     def add(self, name: str, seed: int) -> None:
         self._is_initialized = True
         if seed in self.seeds_:
@@ -297,13 +303,14 @@ def _cuda_stays_on_cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.T
 def _tensors_as_if_on_cuda() -> Iterator[None]:
     """While the block runs, CPU tensors answer `.type()` with 'torch.cuda.FloatTensor' etc. and
     `.cuda()` with themselves. Scoped to single calls: nothing else sees it."""
-    torch.Tensor.type = _type_with_cuda_names
-    torch.Tensor.cuda = _cuda_stays_on_cpu
+    # Patching torch's methods, whose overloads no plain function matches.
+    torch.Tensor.type = _type_with_cuda_names  # type: ignore[method-assign, assignment]
+    torch.Tensor.cuda = _cuda_stays_on_cpu  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        torch.Tensor.type = _real_type
-        torch.Tensor.cuda = _real_cuda
+        torch.Tensor.type = _real_type  # type: ignore[method-assign]
+        torch.Tensor.cuda = _real_cuda  # type: ignore[method-assign]
 
 
 def _as_if_on_cuda(fn: Callable) -> Callable:
@@ -365,7 +372,7 @@ def enable() -> None:
     for name in _MODULES:
         module = importlib.import_module(name)
         if getattr(module, "torch", None) is torch:
-            module.torch = proxy
+            module.torch = proxy  # type: ignore[attr-defined]  # Megatron's module, patched
 
     from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.optimizer import distrib_optimizer, grad_scaler, optimizer

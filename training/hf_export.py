@@ -17,7 +17,7 @@ import json
 import shutil
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -128,11 +128,13 @@ def _fsdp_view(
     """A Megatron-FSDP checkpoint's model tensors under Megatron DDP's names, in the run's
     weight dtype (what a Megatron DDP checkpoint holds), and the stored tensors each is read
     from: itself, or its halves, joined along the first axis."""
-    view, sources = {}, {}
+    view: dict[str, Any] = {}
+    sources: dict[str, tuple[str, ...]] = {}
     for key, meta in stored.items():
         if not key.startswith(FSDP_PREFIX) or key.endswith(HALVES[1]):
             continue
-        name, parts = key[len(FSDP_PREFIX) :], (key,)
+        name = key[len(FSDP_PREFIX) :]
+        parts: tuple[str, ...] = (key,)
         halves = tuple(key[: -len(HALVES[0])] + h for h in HALVES)
         if name.endswith(HALVES[0]) and halves[1] in stored:
             name, parts = name[: -len(HALVES[0])], halves
@@ -172,11 +174,12 @@ class _BoxPlanner(DefaultLoadPlanner):
         self.targets, self.chunks = targets, chunks
 
     def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None  # given to set_up_planner, before any plan
         items = []
         for name, boxes in self.chunks.items():
-            items += create_read_items_for_chunk_list(
-                name, self.metadata.state_dict_metadata[name], boxes
-            )
+            # Boxes are asked of tensors only (never of the checkpoint's bytes entries).
+            meta = cast(TensorStorageMetadata, self.metadata.state_dict_metadata[name])
+            items += create_read_items_for_chunk_list(name, meta, boxes)
         return LoadPlan(items)
 
     def resolve_tensor(self, read_item: Any) -> torch.Tensor:
@@ -351,10 +354,11 @@ def _export(
                 writer.write(order[done], assembler.take(order[done]))
                 done += 1
                 report(done)
-        for n in extra_names:
-            writer.write(n, origin.read(n))
-            done += 1
-            report(done)
+        if origin is not None:  # extra_names are the origin's
+            for n in extra_names:
+                writer.write(n, origin.read(n))
+                done += 1
+                report(done)
         for k in extras:
             loaded = _load_boxes(reader, [(k, k, None)], stored)
             writer.write(k[len(EXTRA) :], loaded[k])

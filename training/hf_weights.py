@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+from megatron.core.transformer.module import MegatronModule
 
 from config.hf import differences, read_config
 from config.rules.peft import is_adapter
@@ -60,7 +61,7 @@ def node_for(weights: dict[str, Node], key: str) -> Node | None:
     return node
 
 
-def local_tensors(chunk: torch.nn.Module) -> list[ShardedTensor]:
+def local_tensors(chunk: MegatronModule) -> list[ShardedTensor]:
     """The chunk's tensors as boxes of global tensors (factories applied: views of the params)."""
     state = chunk.sharded_state_dict()
     apply_factories(state)

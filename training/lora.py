@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,12 @@ class LoRAMixin:
 
     lora_A: torch.nn.Parameter
     lora_B: torch.nn.Parameter
+    # The Megatron-Core layer's, which comes after this mixin in the adapted class (_adapted_class).
+    weight: torch.nn.Parameter
+    training: bool
+    sequence_parallel: bool
+    tp_group: torch.distributed.ProcessGroup | None
+    state_dict: Callable[..., dict[str, Any]]
 
     def init_lora(self, rank: int, alpha: float, dropout: float, seed: int, name: str) -> None:
         self.lora_column = isinstance(self, ColumnParallelLinear)
@@ -71,7 +78,7 @@ class LoRAMixin:
         if not self.lora_column:
             a = a[:, tp_rank * in_local : (tp_rank + 1) * in_local]
         b_rows = out_local
-        options = {"dtype": weight.dtype, "device": weight.device}
+        options: dict[str, Any] = {"dtype": weight.dtype, "device": weight.device}
         self.lora_A = torch.nn.Parameter(a.to(**options).contiguous())
         self.lora_B = torch.nn.Parameter(torch.zeros(b_rows, rank, **options))
         split, whole = (
@@ -83,8 +90,11 @@ class LoRAMixin:
         tensor_parallel.set_tensor_model_parallel_attributes(
             whole, is_parallel=False, dim=-1, stride=1
         )
-        whole.lora_tp_partial = True  # its gradient is a partial sum over TP
-        whole.sequence_parallel = True  # so Megatron-Core sums it under sequence parallelism
+        # Flags on the tensor (torch declares no such attributes), read by finalize_with_adapters
+        # and Megatron-Core: its gradient is a partial sum over TP, which Megatron-Core sums under
+        # sequence parallelism.
+        whole.lora_tp_partial = True  # type: ignore[attr-defined]
+        whole.sequence_parallel = True  # type: ignore[attr-defined]
         # The layer's own collective moves into forward() below.
         self.explicit_expert_comm = True
 
@@ -92,6 +102,10 @@ class LoRAMixin:
         if self.lora_dropout and self.training:
             x = F.dropout(x, self.lora_dropout)
         return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
+
+    def _base_forward(self, input_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """The Megatron-Core layer's own forward (the next class in the MRO, unseen by mypy)."""
+        return cast(Any, super()).forward(input_, *args, **kwargs)
 
     def forward(self, input_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         tp_group = self.tp_group
@@ -102,11 +116,11 @@ class LoRAMixin:
                     input_ = gather_from_sequence_parallel_region(input_, group=tp_group)
                 else:
                     input_ = copy_to_tensor_model_parallel_region(input_, group=tp_group)
-            output, bias = super().forward(input_, *args, **kwargs)
+            output, bias = self._base_forward(input_, *args, **kwargs)
             return output + self._adapter(input_), bias
         # Row-parallel: the base returns its partial output, unreduced, and the bias apart
         # (skip_bias_add; explicit_expert_comm asserts it).
-        partial, bias = super().forward(input_, *args, **kwargs)
+        partial, bias = self._base_forward(input_, *args, **kwargs)
         partial = partial + self._adapter(input_)
         if tp > 1:
             if self.sequence_parallel:

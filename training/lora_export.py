@@ -82,10 +82,10 @@ def export_lora(checkpoint: Path, out: Path, *, adapter: bool, family_name: str 
         factors = adapter_factors(path, model, module, origin)
     tmp = fresh_output(out)
     try:
-        if adapter:
-            _write_adapter(tmp, factors, peft, origin)
-        else:
+        if origin is not None and not adapter:  # a merged model needs its origin (refused above)
             _write_merged(tmp, factors, peft, origin, state)
+        else:
+            _write_adapter(tmp, factors, peft, origin)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -114,8 +114,8 @@ def adapter_factors(
         if not key.endswith(".weight"):
             continue
         layer = key.removesuffix(".weight")
-        located = [_where(f"{layer}.{n}", stored) for n in ADAPTER_NAMES]
-        if None in located:
+        located = [w for n in ADAPTER_NAMES if (w := _where(f"{layer}.{n}", stored)) is not None]
+        if len(located) < len(ADAPTER_NAMES):
             continue  # not an adapted layer
         wanted = [(n, *where) for n, where in zip(ADAPTER_NAMES, located, strict=True)]
         loaded = _load_boxes(reader, wanted, stored)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from config.schema import TrainingConfig
 
 # Always present in each line (null when the engine had no value), so that readers can rely on them.
@@ -57,7 +59,7 @@ class MetricsLogger:
         self._file = None
         self._tb = None
         self._wandb_run = None
-        self._bar = None
+        self._bar: tqdm | None = None
         self._use_bar = False
         if not is_writer:
             return

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -115,7 +116,7 @@ def _run_schedule(
 
 def train_step(
     forward: Forward,
-    model: list[torch.nn.Module],
+    model: list[DistributedDataParallel],  # Megatron-FSDP's wrapper has the same interface
     optimizer: Any,
     scheduler: Any,
     microbatches: list[dict],

@@ -190,6 +190,7 @@ def to_hf(model: ModelConfig) -> dict[str, Any]:
     `vision_feature_layer` -1 (CLIP's post-layernorm, which LLaVA never uses, is not written).
     """
     v = model.vision
+    assert v is not None, "a LLaVA has model.vision (`matches`, config/rules/vision.py)"
     text = llama.to_hf(model)
     text.pop("architectures")
     return {
@@ -318,6 +319,7 @@ def weights(
         out["language_model.output_layer.weight"] = gpt.padded_rows(
             s.lm_head, model.vocab_size, padded_vocab
         )
+    assert model.vision is not None, "a LLaVA has model.vision (`matches`, config/rules/vision.py)"
     out |= vision_weights(model.vision, "vision_model.", s.vision)
     for i, hf_linear in ((1, "linear_1"), (2, "linear_2")):
         for kind in ("weight", "bias"):

@@ -150,10 +150,8 @@ def split(node: Node, whole: Any) -> Iterator[tuple[str, int, Any]]:
         for i, item in enumerate(node.items):
             yield from split(item, whole[i])
         return
-    known = sum(
-        p.rows if isinstance(p, Pad) else p.stop - p.start
-        for p in node.parts
-        if isinstance(p, Pad) or p.stop is not None
+    known = sum(p.rows for p in node.parts if isinstance(p, Pad)) + sum(
+        p.stop - p.start for p in node.parts if isinstance(p, Part) and p.stop is not None
     )
     open_parts = [p for p in node.parts if isinstance(p, Part) and p.stop is None]
     share = (whole.shape[0] - known) // len(open_parts) if open_parts else 0
