@@ -290,3 +290,51 @@ def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path
         cfg.model.moe_token_dispatcher_type = "allgather"  # the dispatcher the CPU runs
         pretrain(cfg)
         assert len(losses(tmp_path / f"moe{layers}")) == 2
+
+
+def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every GPU kind and precision preset: the peak `training.pretrain` hands the Trainer for its
+    MFU is the one behind config/perf.py's predicted MFU, also where a kind lacks the preset's
+    number format (the checker refuses those runs; stubbed here to reach the Trainer)."""
+    from config.hardware import GPUS
+    from config.perf import predict
+    from config.precision import PRESETS
+    from training import engine, entry
+
+    class Built(Exception):
+        """The Trainer was reached: what the engine measures MFU against is known."""
+
+    handed: dict[str, float | None] = {}
+
+    def trainer(cfg: Any, derived: Any, device: str, run_dir: Path, peak: float | None) -> None:
+        handed["peak"] = peak
+        raise Built
+
+    monkeypatch.setattr(engine, "Trainer", trainer)
+    monkeypatch.setattr("config.rules.validate", lambda *args: [])
+    checked = 0
+    for gpu in GPUS:
+        cluster = Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
+        monkeypatch.setattr(entry, "cluster_from_env", lambda device, c=cluster: c)
+        for precision in PRESETS:
+            cfg = tiny(tmp_path)
+            cfg.precision = precision
+            with pytest.raises(Built):
+                entry.pretrain(cfg)
+            planned = predict(cfg, cluster, finalize(cfg, cluster))
+            assert handed["peak"] == pytest.approx(planned.tflops_per_gpu / planned.mfu), (
+                gpu,
+                precision,
+            )
+            checked += 1
+    assert checked == len(GPUS) * len(PRESETS)
+    # The CPU has no peak: no MFU, and the planner predicts nothing there.
+    monkeypatch.setattr(entry, "cluster_from_env", lambda device: ONE_CPU)
+    with pytest.raises(Built):
+        entry.pretrain(tiny(tmp_path))
+    assert (
+        handed["peak"] is None
+        and predict(tiny(tmp_path), ONE_CPU, finalize(tiny(tmp_path), ONE_CPU)) is None
+    )

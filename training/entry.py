@@ -46,16 +46,6 @@ def cluster_from_env(device: str) -> Cluster:
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
 
 
-def _peak_tflops(cluster: Cluster, preset) -> float | None:
-    """Dense peak per GPU in the precision the GEMMs run in (None on the CPU: no MFU)."""
-    spec = cluster.spec
-    if cluster.gpu == "cpu" or preset is None:
-        return None
-    if preset.fp8_recipe == "nvfp4":
-        return spec.fp4_tflops
-    return spec.fp8_tflops if preset.fp8_recipe else spec.bf16_tflops
-
-
 def run_dir_for(cfg: TrainingConfig) -> Path:
     if cfg.logging.run_dir:
         return Path(cfg.logging.run_dir)
@@ -78,6 +68,7 @@ def pretrain(
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
     from config.finalize import finalize
+    from config.perf import gemm_peak
     from config.rules import validate
     from training.distributed import resolve_device
 
@@ -105,7 +96,9 @@ def pretrain(
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
         owns_group = distributed.init_process_group(launch_from_env(), device, store=store)
-        trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
+        # MFU against the peak the planner predicts it against; none on the CPU (a peak of 0).
+        peak, _ = gemm_peak(config, cluster, derived)
+        trainer = Trainer(config, derived, device, run_dir, peak or None)
         if collective_timeout is not None:
             distributed.set_collective_timeout(collective_timeout)
         checkpoints = Checkpointer(
