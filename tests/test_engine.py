@@ -292,6 +292,49 @@ def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path
         assert len(losses(tmp_path / f"moe{layers}")) == 2
 
 
+# --- one answer per question: the launcher and the ranks ask the same functions ----------------
+def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """A checkpoint saved by the engine, resumed with another CP or ETP: launchers/resume.py's
+    check and the ranks' resume (training/checkpoint.py) both refuse it, with the same message."""
+    from config.tree import ConfigError
+    from launchers.resume import check_resume
+    from training.checkpoint import Checkpointer
+    from training.entry import pretrain
+
+    saved = tiny(tmp_path, max_steps=2)  # saves at its end: iter_0000002
+    pretrain(saved)
+    for change in (
+        "parallel.context_parallel_size=2",
+        "parallel.expert_tensor_parallel_size=2",
+        "parallel.tensor_model_parallel_size=2",
+    ):
+        field = change.split("=")[0]
+        cfg = apply_overrides(tiny(tmp_path, max_steps=4), [change])
+        with pytest.raises(ConfigError) as before_launch:
+            check_resume(cfg, tmp_path)
+        trainer = trainer_for(tiny(tmp_path, max_steps=4))  # the weights' shapes: the saved run's
+        ckpt = Checkpointer(
+            cfg,
+            tmp_path,
+            "cpu",
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            states=trainer.checkpoint_states(),
+        )
+        try:
+            with pytest.raises(ConfigError) as on_the_ranks:
+                ckpt.resume()
+        finally:
+            ckpt.close()
+            trainer.close()
+        assert dict(on_the_ranks.value.problems) == dict(before_launch.value.problems)
+        assert list(dict(before_launch.value.problems)) == [field], change
+    # The same layout resumes (and a train.max_steps beyond the checkpoint is all that changed).
+    check_resume(tiny(tmp_path, max_steps=4), tmp_path)
+
+
 def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
     one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
+from config.layout import layout_changes
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
 from training import checkpoint_helpers, hf_weights
@@ -183,7 +184,7 @@ class Checkpointer:
         # The batch source's own state (Energon's loader) is per DP rank: same layout only;
         # otherwise the global data position alone.
         data = {"consumed_samples": saved["consumed_samples"]}
-        same_ranks = same_world and saved["layout"] == ckpt_state.layout(self.cfg)
+        same_ranks = same_world and not layout_changes(saved, self.cfg)
         if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
             data = ckpt_state.load_data(path, self.rank)
         self.states["data"].load_state_dict(data)
