@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from config import paths
 from config.layout import FSDP_SHARDING, layout_problems, resume_sharding
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
@@ -41,22 +42,17 @@ FIXED = {
 
 def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest complete checkpoint the run would resume from, and its train_state.json."""
-    folder = checkpoint_folder(cfg, run_dir)
+    folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     path = dirs.latest_checkpoint(folder) if folder.is_dir() else None
     if path is None or not dirs.is_complete(path):
         return None
     return path, dirs.read_state(path)
 
 
-def checkpoint_folder(cfg: TrainingConfig, run_dir: Path) -> Path:
-    ckpt = cfg.checkpoint
-    return (Path(ckpt.save_dir) if ckpt.save_dir else run_dir / "checkpoints").expanduser()
-
-
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
     checkpoint folder another live run holds (training/checkpoint_dirs.py RunLock)."""
-    folder = checkpoint_folder(cfg, run_dir)
+    folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
     if busy is not None:
         raise ConfigError(

@@ -335,6 +335,68 @@ def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(
     check_resume(tiny(tmp_path, max_steps=4), tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("save_dir", "run_dir"),
+    [("~/ckpt", "~/run"), ("rel/ckpt", "rel/run"), (None, "~/run")],
+    ids=["home", "relative", "unset"],
+)
+def test_the_launcher_and_the_ranks_use_the_same_folders(
+    one_rank: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    save_dir: str | None,
+    run_dir: str,
+) -> None:
+    """`recipes run` (its torchrun replaced by training.entry in this process): the run directory
+    it prints is where the ranks log; the config.yaml it writes is the one the ranks write back,
+    byte for byte; the checkpoint lands where the launcher's resume check and `recipes runs`
+    look. `~` is the user's home, never a folder named "~"."""
+    from config.paths import CONFIG_FILE
+    from launchers import local
+    from launchers.resume import latest_state
+    from recipes.cli import main
+    from recipes.runs import summarize
+    from training import checkpoint_dirs as dirs
+    from training import entry
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    launched = {}
+
+    def ranks(executor: Any, script: str, name: str, nemo_home: Path, folder: Path) -> int:
+        launched["config"] = (folder / CONFIG_FILE).read_bytes()
+        entry.run(entry.load_config(script, []))  # what every rank runs, here as one rank
+        return 0
+
+    monkeypatch.setattr(local, "local_executor", lambda procs, env: None)
+    monkeypatch.setattr(local, "entry_script", lambda config_arg: config_arg)
+    monkeypatch.setattr(local, "run_local", ranks)
+    overrides = [
+        f"logging.run_dir={run_dir}",
+        "parallel.tensor_model_parallel_size=1",
+        "train.max_steps=1",
+        "scheduler.warmup_steps=0",
+        "logging.tensorboard=false",
+    ]
+    overrides += [f"checkpoint.save_dir={save_dir}"] if save_dir else []
+    assert main(["run", "tiny_gpt_pretrain", "--gpus-per-node", "1", *overrides]) == 0
+    base = home if run_dir.startswith("~") else work
+    folder = base / run_dir.removeprefix("~/")
+    ckpts = {"~/ckpt": home / "ckpt", "rel/ckpt": work / "rel/ckpt"}.get(
+        save_dir, folder / "checkpoints"
+    )
+    saved = ckpts / dirs.iter_name(1)
+    assert (folder / CONFIG_FILE).read_bytes() == launched["config"]
+    assert len(losses(folder)) == 1  # the ranks logged into the folder the launcher chose
+    assert dirs.latest_checkpoint(ckpts) == saved
+    found = latest_state(entry.load_config(str(folder / CONFIG_FILE), []), folder)
+    assert found is not None and found[0] == saved  # what a relaunch checks before resuming
+    assert summarize(folder)["checkpoint"] == str(saved)  # what `recipes runs` shows
+    assert not (work / "~").exists()
+
+
 def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
     one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

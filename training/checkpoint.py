@@ -48,6 +48,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
+from config import paths
 from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
 from config.layout import layout_changes
@@ -81,8 +82,9 @@ class Checkpointer:
         if missing:
             raise ValueError(f"a checkpoint needs the states {sorted(missing)} as well")
         self.states = states
-        self.save_dir = Path(ckpt.save_dir) if ckpt.save_dir else Path(run_dir) / "checkpoints"
-        self.load_dir = Path(ckpt.load_dir) if ckpt.load_dir else None
+        # The folder launchers/resume.py checked before launch and `recipes runs` reads.
+        self.save_dir = paths.checkpoint_dir(ckpt.save_dir, run_dir)
+        self.load_dir = paths.expand(ckpt.load_dir) if ckpt.load_dir else None
         self.device = device
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
