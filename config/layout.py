@@ -4,12 +4,18 @@ Megatron-Core describes an uneven split with a layout string: one chunk per virt
 separated by "|", in the order vp_stage * PP + pp_rank; "E" is the embedding, "t" a transformer
 layer, "m" a multi-token-prediction layer, "L" the output layer and loss. "(tt|)*3" repeats a group.
 This module parses and derives such layouts in plain Python, so that the checker needs no torch.
+
+It also says which parallel layout a checkpoint can resume into (`layout_problems`), for the
+launcher's check before launch and for every rank's resume alike.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
+from config.problems import Problem
 from config.schema import MAX_LAYERS
 
 _CHARS = {"E", "L", "t", "m"}
@@ -153,3 +159,108 @@ def warmup_forwards(pp: int, vpp: int, rank: int, microbatches: int) -> int:
     """Chunk forwards Megatron's interleaved schedule runs on pipeline rank `rank` before its
     first backward, plus one: (PP - rank - 1) x 2 + (VPP - 1) x PP + 1, at most all of them."""
     return min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+
+
+# --- the layout a checkpoint can resume into ------------------------------------------------------
+# Megatron-Core's name of a Megatron-FSDP checkpoint's sharding (train_state.json's
+# dist_optimizer_sharding): torch DCP's fsdp_dtensor format.
+FSDP_SHARDING = "fsdp_dtensor"
+# The sharding that reloads into any layout (Megatron DDP's distributed optimizer only).
+FULLY_RESHARDABLE = "fully_reshardable"
+# What a checkpoint's optimizer state is split by besides data parallelism: a dp_reshardable
+# (or fsdp_dtensor) checkpoint reloads only into the same values of these.
+RESHARDED_BY = tuple(
+    f"parallel.{name}"
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "pipeline_model_parallel_layout",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+    )
+) + ("optimizer.use_distributed_optimizer",)
+# Megatron-FSDP's checkpoints (torch DCP, fsdp_dtensor) and Megatron DDP's (torch_dist) are
+# different formats: no sharding reloads across this one.
+FORMAT_FIELD = "parallel.use_megatron_fsdp"
+LAYOUT_FIELDS = (*RESHARDED_BY, FORMAT_FIELD)
+
+
+def _value(tree: Any, field: str) -> Any:
+    """A dotted field of a config or of a config saved as a dict; absent fields are None."""
+    for name in field.split("."):
+        tree = tree.get(name) if isinstance(tree, Mapping) else getattr(tree, name, None)
+    return tree
+
+
+def resume_layout(cfg: Any) -> dict[str, Any]:
+    """The layout fields of a config (or of a config saved as a dict), by dotted name, as given:
+    a field set to what its default derives (ETP = TP) still counts as a change, so that each
+    message names the one field to set back."""
+    return {field: _value(cfg, field) for field in LAYOUT_FIELDS}
+
+
+def saved_layout(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's layout from its train_state.json: from the whole config it saved, else from
+    its "layout" record, which older checkpoints keep by short name and without every field (those
+    it lacks are left out, so they are not compared)."""
+    if state.get("config") is not None:
+        return resume_layout(state["config"])
+    record = state.get("layout") or {}
+    short = {field.rsplit(".", 1)[-1]: field for field in LAYOUT_FIELDS}
+    return {short[k]: v for k, v in record.items() if k in short}
+
+
+def layout_changes(state: Mapping[str, Any], cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """field -> (checkpoint's value, cfg's) of every layout field that differs."""
+    now = resume_layout(cfg)
+    return {f: (old, now[f]) for f, old in saved_layout(state).items() if old != now[f]}
+
+
+def resume_sharding(state: Mapping[str, Any], cfg: Any) -> str:
+    """How the checkpoint's optimizer state is sharded (the config's setting when it says not)."""
+    return state.get("dist_optimizer_sharding") or cfg.checkpoint.dist_optimizer_sharding
+
+
+def layout_problems(state: Mapping[str, Any], cfg: Any, checkpoint: str) -> list[Problem]:
+    """Why the checkpoint `checkpoint`, whose train_state.json is `state`, cannot be resumed in
+    cfg's layout: one problem per changed field that its sharding cannot reload across. The
+    launcher's check (launchers/resume.py) and every rank's resume (training/checkpoint.py)
+    ask this."""
+    sharding = resume_sharding(state, cfg)
+    out = []
+    for field, (old, new) in layout_changes(state, cfg).items():
+        if field == FORMAT_FIELD:
+            why = (
+                "Megatron-FSDP's checkpoints (torch DCP, fsdp_dtensor) and Megatron DDP's "
+                "(torch_dist) are different formats"
+            )
+            # pretrained_dir takes a torch_dist checkpoint's weights, not an fsdp_dtensor one's
+            other = (
+                ""
+                if sharding == FSDP_SHARDING
+                else f" with checkpoint.pretrained_dir={checkpoint} to take its weights"
+            )
+            fix = f"start afresh in a new logging.run_dir (or checkpoint.save_dir){other}"
+        elif sharding != FULLY_RESHARDABLE:
+            why = (
+                f"its optimizer state ({sharding}) reshards over data parallelism only: TP, PP, "
+                "VPP, the pipeline layout, CP, EP, ETP and the distributed optimizer must stay"
+            )
+            fix = "start afresh in a new logging.run_dir (or checkpoint.save_dir)" + (
+                ""
+                if sharding == FSDP_SHARDING
+                else "; a run saved with checkpoint.dist_optimizer_sharding=fully_reshardable "
+                "(Megatron DDP) can change its layout on resume"
+            )
+        else:
+            continue
+        out.append(
+            Problem(
+                field,
+                f"is {new!r} but the checkpoint {checkpoint} was saved with {old!r}, and it cannot "
+                f"change on resume ({why}); keep {field}={old!r}, or {fix}",
+            )
+        )
+    return out

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from config.blend import index_cache_base, parse_blend
 from config.finalize import padded_vocab_size
+from config.rules.data import check_tokenizer_fits
 from data.indexed import IndexedDataError, file_key, inspect_indexed, locate_id
 
 if TYPE_CHECKING:
@@ -151,12 +152,7 @@ def build_pretrain_datasets(
             f"data.kind={data.kind!r} is not a pretraining dataset here; build_pretrain_datasets "
             "handles 'mock' and 'indexed'"
         )
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        # Ids beyond the embedding table fail late and obscurely inside the model.
-        raise ValueError(
-            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
-            f"({tokenizer.vocab_size}, data.tokenizer={data.tokenizer!r}); raise model.vocab_size"
-        )
+    check_tokenizer_fits(cfg, tokenizer.vocab_size)
     for name, n in (("train", train_samples), ("valid", valid_samples), ("test", test_samples)):
         if n < 0:
             raise ValueError(f"{name}_samples must be >= 0, got {n}")

@@ -41,6 +41,7 @@ from torch.utils.data import Dataset
 
 from config.blend import split_weights
 from config.finalize import Derived
+from config.rules.data import check_tokenizer_fits
 from config.schema import TrainingConfig
 from data.batches import SampledBatches, samples_needed
 from data.records import SFTDataError, read_pairs
@@ -264,12 +265,7 @@ def on_first_rank(message: str) -> None:
 def build_rows(dataset_class: Any, cfg: Any, tokenizer: Any, num_samples: int, part: str) -> Any:
     """A TokenRows dataset (SFT pairs, chat conversations) of data.path for a run: every rank
     reads and tokenizes it the same way and takes the `part` that data.split gives it."""
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise ValueError(
-            f"data.tokenizer={cfg.data.tokenizer!r} has {tokenizer.vocab_size} ids but "
-            f"model.vocab_size={cfg.model.vocab_size}; use the model's own tokenizer or raise "
-            "model.vocab_size"
-        )
+    check_tokenizer_fits(cfg, tokenizer.vocab_size)
     return dataset_class(
         cfg.data.path,
         tokenizer,

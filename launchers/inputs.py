@@ -19,7 +19,8 @@ and the missing path:
   where the path is seen as given, and `check_inputs` again at the host path the mounts map it to.
 - data.tokenizer must fit the model: a tokenizer with more ids than model.vocab_size is refused
   (ids past the embedding train silently on nothing under tensor parallelism). Its size is read
-  from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch.
+  from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch, and judged by the
+  rule the ranks apply to the tokenizer they load (config/rules/data.py `tokenizer_fits`).
 - What cannot be seen from here is left to a Slurm job: a path inside the container image (no
   mount covers it), a relative path in a container without `workdir`, or a filesystem this machine
   does not have at all (the path's first component is missing, e.g. a compute node's local /raid).
@@ -39,6 +40,7 @@ from pathlib import Path, PurePosixPath
 
 from config.blend import index_cache_base, parse_blend
 from config.registry import data_kind
+from config.rules.data import tokenizer_fits
 from config.rules.pretrained import pretrained_problems
 from config.schema import TrainingConfig
 from config.tree import ConfigError
@@ -224,17 +226,8 @@ def inprocess_import_error() -> str | None:
 
 
 def _tokenizer_fits(cfg: TrainingConfig, profile: Profile, cwd: Path) -> list[tuple[str, str]]:
-    """A problem when data.tokenizer emits ids that model.vocab_size leaves out of the model."""
-    given, vocab = cfg.data.tokenizer, cfg.model.vocab_size
+    """The checker's tokenizer rule, with the size of data.tokenizer as the ranks will find it."""
+    given = cfg.data.tokenizer
     here = _where_to_look("data.tokenizer", given, profile, cwd) if given else None
     size = tokenizer_size(here) if here is not None and here.exists() else None
-    if size is None or size <= vocab:
-        return []
-    return [
-        (
-            "data.tokenizer",
-            f"{given} has {size} ids but model.vocab_size={vocab}: ids {vocab}..{size - 1} "
-            "would fall outside the model's vocabulary. Use the model's own tokenizer, or raise "
-            f"model.vocab_size to at least {size} (a model trained from scratch)",
-        )
-    ]
+    return [(p.field, p.message) for p in tokenizer_fits(cfg, size)]

@@ -2,11 +2,13 @@
 
 A run whose checkpoint folder already holds a complete checkpoint resumes from it (that is how
 job chains and requeues work). Some changes between the checkpoint and the new config cannot take
-effect on resume, and used to fail on every rank after start-up (or, worse, not at all):
+effect on resume, and would fail on every rank after start-up (or, worse, not at all):
 
 - the architecture (`model.*`), LoRA (`peft.*`) and the precision: the saved tensors would not fit;
 - the optimizer's `lr`, `min_lr` and kind: Megatron-Core's distributed optimizer finds its saved
-  parameter groups by these values (a changed lr was a KeyError on every rank);
+  parameter groups by these values (a changed lr is a KeyError on every rank);
+- the parallel layout its optimizer state cannot be resharded across, and Megatron-FSDP on or off:
+  config/layout.py `layout_problems`, which every rank's resume asks too;
 - `train.max_steps` at or below the checkpoint's step: nothing left to train.
 
 These are refused here, each naming the field, the checkpoint's value, the new one and the fix.
@@ -20,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from config import paths
+from config.layout import FSDP_SHARDING, layout_problems, resume_sharding
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
 from training import checkpoint_dirs as dirs
@@ -33,44 +37,22 @@ FIXED = {
     "optimizer.lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by lr",
     "optimizer.min_lr": "Megatron-Core's distributed optimizer finds its saved parameter groups by "
     "min_lr",
-    "parallel.use_megatron_fsdp": "Megatron-FSDP's checkpoints (torch DCP, fsdp_dtensor) and "
-    "Megatron DDP's (torch_dist) are different formats",
 }
 
 
 def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest complete checkpoint the run would resume from, and its train_state.json."""
-    folder = checkpoint_folder(cfg, run_dir)
+    folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     path = dirs.latest_checkpoint(folder) if folder.is_dir() else None
     if path is None or not dirs.is_complete(path):
         return None
     return path, dirs.read_state(path)
 
 
-# The model-parallel layout: what a dp_reshardable optimizer state cannot be reloaded across.
-LAYOUT = tuple(
-    f"parallel.{name}"
-    for name in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "virtual_pipeline_model_parallel_size",
-        "pipeline_model_parallel_layout",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-    )
-)
-
-
-def checkpoint_folder(cfg: TrainingConfig, run_dir: Path) -> Path:
-    ckpt = cfg.checkpoint
-    return (Path(ckpt.save_dir) if ckpt.save_dir else run_dir / "checkpoints").expanduser()
-
-
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
     checkpoint folder another live run holds (training/checkpoint_dirs.py RunLock)."""
-    folder = checkpoint_folder(cfg, run_dir)
+    folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
     if busy is not None:
         raise ConfigError(
@@ -107,23 +89,10 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
                 "logging.run_dir (or checkpoint.save_dir) to start afresh",
             )
         )
+    # The parallel layout: the same answer every rank's resume gets (training/checkpoint.py).
+    problems += [(p.field, p.message) for p in layout_problems(state, cfg, str(path))]
     saved = state.get("config")
-    sharding = state.get("dist_optimizer_sharding", cfg.checkpoint.dist_optimizer_sharding)
-    if saved is not None and sharding != "fully_reshardable":
-        moved = [f for f in differences(saved, cfg) if f.startswith(LAYOUT)]
-        fix = (
-            "keep the layout"
-            if sharding == dirs.FSDP_SHARDING
-            else "keep the layout, or save with fully_reshardable"
-        )
-        problems += [
-            (
-                field,
-                f"differs from the layout {path} was saved in; its optimizer state "
-                f"({sharding}) reloads only into the same TP, PP, CP and EP: {fix}",
-            )
-            for field in moved
-        ]
+    sharding = resume_sharding(state, cfg)
     if saved is not None:
         for field, (old, new) in differences(saved, cfg).items():
             why = next((w for k, w in FIXED.items() if field == k or field.startswith(k)), None)
@@ -131,7 +100,7 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
                 # pretrained_dir takes a torch_dist checkpoint's weights, not an fsdp_dtensor one's
                 weights = (
                     ""
-                    if sharding == dirs.FSDP_SHARDING
+                    if sharding == FSDP_SHARDING
                     else (f" with checkpoint.pretrained_dir={path} to take its weights")
                 )
                 problems.append(

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from config import paths
 from config.schema import TrainingConfig
 from config.tree import ConfigError
 from launchers.env import EnvPlan, plan_env
@@ -102,6 +103,10 @@ def slurm_job(
         for k in HOST_CHECKPOINT_FIELDS
         if getattr(cfg.checkpoint, k)
     }
+    if cfg.checkpoint.save_dir:  # `~` and a relative path as launchers/resume.py checked them
+        writable["checkpoint.save_dir"] = str(
+            paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
+        )
     if profile.containerised:
         inside = require_mounted(writable, parse_mounts(profile.mounts))
     else:
@@ -133,7 +138,7 @@ def slurm_job(
         profile=profile,
         run_dir=run_dir,
         job_dir=job_dir,
-        config_path=f"{cfg.logging.run_dir}/config.yaml",
+        config_path=f"{cfg.logging.run_dir}/{paths.CONFIG_FILE}",
         env=env,
         signal_s=profile.exit_margin_s,
         max_requeues=cfg.resilience.max_requeues,

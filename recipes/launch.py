@@ -19,9 +19,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from config import paths
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from config.tree import ConfigError, apply_overrides, to_yaml, write_yaml
+from config.tree import ConfigError, apply_overrides, to_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
 from launchers.profile import Profile, load_profile, replace
@@ -68,7 +69,10 @@ def prepare(
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
         raise Refused(render(report), report.exit_code)
     check_inputs(cfg, profile, cwd or Path.cwd())  # data, tokenizer, checkpoints: before the queue
-    run_dir = run_dir_for(cfg, profile)
+    # A new folder for each launch unless logging.run_dir names one (config/paths.py).
+    run_dir = paths.run_dir_for(
+        cfg, f"{datetime.now(UTC):%Y%m%d-%H%M%S}", profile.run_root, fresh=True
+    )
     check_resume(cfg, run_dir)  # before config.yaml is written: a refused resume leaves it
     return run_dir
 
@@ -156,18 +160,6 @@ def cluster_for(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> C
     )
 
 
-def run_dir_for(cfg: TrainingConfig, profile: Profile) -> Path:
-    """logging.run_dir, or <run_root or ./runs>/<recipe>-<UTC time> (a new one), as an absolute path."""
-    if cfg.logging.run_dir:
-        return Path(os.path.abspath(os.path.expanduser(cfg.logging.run_dir)))
-    root = Path(os.path.abspath(os.path.expanduser(profile.run_root or "runs")))
-    base = root / f"{cfg.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    path, n = base, 2
-    while path.exists():
-        path, n = Path(f"{base}-{n}"), n + 1
-    return path
-
-
 def describe_env(plan: EnvPlan) -> str:
     defaults = ", ".join(
         f"{v.name}={v.value} ({v.owner})" for v in plan.defaults if v.name not in plan.user_wins
@@ -188,7 +180,7 @@ def _run_local(
     cfg.logging.run_dir = str(run_dir)
     plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
     executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
-    script = local.entry_script(local.config_argument(run_dir / "config.yaml"))
+    script = local.entry_script(local.config_argument(run_dir / paths.CONFIG_FILE))
     if args.dryrun:
         print(to_yaml(cfg), end="")
         print(f"# launch ({cluster.gpus_per_node} ranks, NeMo-Run LocalExecutor):")
@@ -196,7 +188,7 @@ def _run_local(
         print(f"dry run: nothing launched; the run would go to {run_dir}")
         return 0
     home = local.nemorun_home(run_dir, os.environ)
-    write_yaml(cfg, run_dir / "config.yaml")
+    paths.write_run_config(cfg, run_dir)
     print(describe_env(plan), flush=True)
     code = local.run_local(executor, script, cfg.name, home, run_dir)
     print(f"run directory: {run_dir}")
@@ -228,7 +220,7 @@ def _run_slurm(
             )
         print(f"dry run: nothing submitted; the run would go to {run_dir}")
         return 0
-    write_yaml(ranks_cfg, run_dir / "config.yaml")
+    paths.write_run_config(ranks_cfg, run_dir)
     script = sbatch.write(job)
     print(describe_env(job.env))
     try:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from config import paths
 from training import checkpoint_dirs as dirs
 from training.metrics import read_metrics
 
@@ -30,9 +31,12 @@ from training.metrics import read_metrics
 def run_dirs(roots: list[Path]) -> list[Path]:
     """Every run directory directly under the roots, oldest first (by config.yaml's time)."""
     found = {
-        c.parent.resolve() for root in roots if root.is_dir() for c in root.glob("*/config.yaml")
+        c.parent.resolve()
+        for root in roots
+        if root.is_dir()
+        for c in root.glob(f"*/{paths.CONFIG_FILE}")
     }
-    return sorted(found, key=lambda d: ((d / "config.yaml").stat().st_mtime, str(d)))
+    return sorted(found, key=lambda d: ((d / paths.CONFIG_FILE).stat().st_mtime, str(d)))
 
 
 def _held(folder: Path) -> bool:
@@ -64,13 +68,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 def summarize(run_dir: Path) -> dict[str, Any]:
     """One run: recipe, state, step, max_steps, last_loss, checkpoint, run_dir, launch record."""
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+        cfg = yaml.safe_load((run_dir / paths.CONFIG_FILE).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         cfg = {}
     train, ckpt = cfg.get("train") or {}, cfg.get("checkpoint") or {}
     rows = read_metrics(run_dir / "metrics.jsonl")
     last = rows[-1] if rows else {}
-    folder = Path(ckpt.get("save_dir") or run_dir / "checkpoints").expanduser()
+    folder = paths.checkpoint_dir(ckpt.get("save_dir"), run_dir)  # where its ranks saved
     latest = dirs.latest_checkpoint(folder) if folder.is_dir() else None
     launch = _read_json(run_dir / "launch.json")
     step, max_steps = last.get("step"), train.get("max_steps")

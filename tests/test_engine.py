@@ -290,3 +290,156 @@ def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path
         cfg.model.moe_token_dispatcher_type = "allgather"  # the dispatcher the CPU runs
         pretrain(cfg)
         assert len(losses(tmp_path / f"moe{layers}")) == 2
+
+
+# --- one answer per question: the launcher and the ranks ask the same functions ----------------
+def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """A checkpoint saved by the engine, resumed with another CP or ETP: launchers/resume.py's
+    check and the ranks' resume (training/checkpoint.py) both refuse it, with the same message."""
+    from config.tree import ConfigError
+    from launchers.resume import check_resume
+    from training.checkpoint import Checkpointer
+    from training.entry import pretrain
+
+    saved = tiny(tmp_path, max_steps=2)  # saves at its end: iter_0000002
+    pretrain(saved)
+    for change in (
+        "parallel.context_parallel_size=2",
+        "parallel.expert_tensor_parallel_size=2",
+        "parallel.tensor_model_parallel_size=2",
+    ):
+        field = change.split("=")[0]
+        cfg = apply_overrides(tiny(tmp_path, max_steps=4), [change])
+        with pytest.raises(ConfigError) as before_launch:
+            check_resume(cfg, tmp_path)
+        trainer = trainer_for(tiny(tmp_path, max_steps=4))  # the weights' shapes: the saved run's
+        ckpt = Checkpointer(
+            cfg,
+            tmp_path,
+            "cpu",
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            states=trainer.checkpoint_states(),
+        )
+        try:
+            with pytest.raises(ConfigError) as on_the_ranks:
+                ckpt.resume()
+        finally:
+            ckpt.close()
+            trainer.close()
+        assert dict(on_the_ranks.value.problems) == dict(before_launch.value.problems)
+        assert list(dict(before_launch.value.problems)) == [field], change
+    # The same layout resumes (and a train.max_steps beyond the checkpoint is all that changed).
+    check_resume(tiny(tmp_path, max_steps=4), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("save_dir", "run_dir"),
+    [("~/ckpt", "~/run"), ("rel/ckpt", "rel/run"), (None, "~/run")],
+    ids=["home", "relative", "unset"],
+)
+def test_the_launcher_and_the_ranks_use_the_same_folders(
+    one_rank: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    save_dir: str | None,
+    run_dir: str,
+) -> None:
+    """`recipes run` (its torchrun replaced by training.entry in this process): the run directory
+    it prints is where the ranks log; the config.yaml it writes is the one the ranks write back,
+    byte for byte; the checkpoint lands where the launcher's resume check and `recipes runs`
+    look. `~` is the user's home, never a folder named "~"."""
+    from config.paths import CONFIG_FILE
+    from launchers import local
+    from launchers.resume import latest_state
+    from recipes.cli import main
+    from recipes.runs import summarize
+    from training import checkpoint_dirs as dirs
+    from training import entry
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    launched = {}
+
+    def ranks(executor: Any, script: str, name: str, nemo_home: Path, folder: Path) -> int:
+        launched["config"] = (folder / CONFIG_FILE).read_bytes()
+        entry.run(entry.load_config(script, []))  # what every rank runs, here as one rank
+        return 0
+
+    monkeypatch.setattr(local, "local_executor", lambda procs, env: None)
+    monkeypatch.setattr(local, "entry_script", lambda config_arg: config_arg)
+    monkeypatch.setattr(local, "run_local", ranks)
+    overrides = [
+        f"logging.run_dir={run_dir}",
+        "parallel.tensor_model_parallel_size=1",
+        "train.max_steps=1",
+        "scheduler.warmup_steps=0",
+        "logging.tensorboard=false",
+    ]
+    overrides += [f"checkpoint.save_dir={save_dir}"] if save_dir else []
+    assert main(["run", "tiny_gpt_pretrain", "--gpus-per-node", "1", *overrides]) == 0
+    base = home if run_dir.startswith("~") else work
+    folder = base / run_dir.removeprefix("~/")
+    ckpts = {"~/ckpt": home / "ckpt", "rel/ckpt": work / "rel/ckpt"}.get(
+        save_dir, folder / "checkpoints"
+    )
+    saved = ckpts / dirs.iter_name(1)
+    assert (folder / CONFIG_FILE).read_bytes() == launched["config"]
+    assert len(losses(folder)) == 1  # the ranks logged into the folder the launcher chose
+    assert dirs.latest_checkpoint(ckpts) == saved
+    found = latest_state(entry.load_config(str(folder / CONFIG_FILE), []), folder)
+    assert found is not None and found[0] == saved  # what a relaunch checks before resuming
+    assert summarize(folder)["checkpoint"] == str(saved)  # what `recipes runs` shows
+    assert not (work / "~").exists()
+
+
+def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every GPU kind and precision preset: the peak `training.pretrain` hands the Trainer for its
+    MFU is the one behind config/perf.py's predicted MFU, also where a kind lacks the preset's
+    number format (the checker refuses those runs; stubbed here to reach the Trainer)."""
+    from config.hardware import GPUS
+    from config.perf import predict
+    from config.precision import PRESETS
+    from training import engine, entry
+
+    class Built(Exception):
+        """The Trainer was reached: what the engine measures MFU against is known."""
+
+    handed: dict[str, float | None] = {}
+
+    def trainer(cfg: Any, derived: Any, device: str, run_dir: Path, peak: float | None) -> None:
+        handed["peak"] = peak
+        raise Built
+
+    monkeypatch.setattr(engine, "Trainer", trainer)
+    monkeypatch.setattr("config.rules.validate", lambda *args: [])
+    checked = 0
+    for gpu in GPUS:
+        cluster = Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
+        monkeypatch.setattr(entry, "cluster_from_env", lambda device, c=cluster: c)
+        for precision in PRESETS:
+            cfg = tiny(tmp_path)
+            cfg.precision = precision
+            with pytest.raises(Built):
+                entry.pretrain(cfg)
+            planned = predict(cfg, cluster, finalize(cfg, cluster))
+            assert handed["peak"] == pytest.approx(planned.tflops_per_gpu / planned.mfu), (
+                gpu,
+                precision,
+            )
+            checked += 1
+    assert checked == len(GPUS) * len(PRESETS)
+    # The CPU has no peak: no MFU, and the planner predicts nothing there.
+    monkeypatch.setattr(entry, "cluster_from_env", lambda device: ONE_CPU)
+    with pytest.raises(Built):
+        entry.pretrain(tiny(tmp_path))
+    assert (
+        handed["peak"] is None
+        and predict(tiny(tmp_path), ONE_CPU, finalize(tiny(tmp_path), ONE_CPU)) is None
+    )

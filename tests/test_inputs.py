@@ -201,6 +201,35 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     assert f"has {size + 10} ids" in message
 
 
+def test_the_launcher_and_the_ranks_refuse_a_large_tokenizer_with_one_message(
+    tmp_path: Path,
+) -> None:
+    """The check before launch (tokenizer.json read without torch) and the ranks' (the loaded
+    tokenizer, building SFT rows or pretraining datasets) give the same field and message."""
+    pytest.importorskip("torch")
+    from data.make_tokenizer import train_bpe_tokenizer
+    from data.pretrain import build_pretrain_datasets
+    from data.sft import SFTDataset, build_rows
+    from data.tokenizer import load_tokenizer
+
+    tok = train_bpe_tokenizer(texts=["some words to merge"] * 5, vocab_size=300, out=tmp_path / "t")
+    tokenizer = load_tokenizer(tok)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
+    small = f"model.vocab_size={tokenizer.vocab_size - 1}"
+    sft = cfg_with(
+        "data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={tok}", small
+    )
+    before_launch = problems(sft, LOCAL, tmp_path)
+    assert [field for field, _ in before_launch] == ["data.tokenizer"]
+    with pytest.raises(ConfigError) as rows:
+        build_rows(SFTDataset, sft, tokenizer, 4, "train")
+    assert rows.value.problems == before_launch
+    mock = cfg_with(f"data.tokenizer={tok}", small)
+    with pytest.raises(ConfigError) as datasets:
+        build_pretrain_datasets(mock, tokenizer, 4, 1)
+    assert datasets.value.problems == problems(mock, LOCAL, tmp_path) == before_launch
+
+
 def test_the_tokenizer_check_imports_no_torch(tmp_path: Path) -> None:
     """check_inputs runs on a login node before the queue: reading the tokenizer takes no torch."""
     code = (

@@ -137,3 +137,80 @@ def test_a_live_run_holds_its_folder_and_a_dead_one_does_not(tmp_path: Path) -> 
         holder.kill()  # dies without releasing: the kernel drops its lock
         holder.wait()
     check_resume(cfg, tmp_path / "run")
+
+
+def test_the_layout_answer_is_the_same_before_launch_and_on_the_ranks(tmp_path: Path) -> None:
+    """config/layout.py decides for both launchers/resume.py and training/checkpoint_state.py
+    (what every rank's resume calls): each layout field, changed alone, is refused by both or by
+    neither, with the same message; fully_reshardable lets all but Megatron-FSDP change."""
+    pytest.importorskip("torch")
+    from config.layout import LAYOUT_FIELDS
+    from training.checkpoint_state import FORMAT_VERSION, check_compatible
+
+    changes = {
+        "parallel.tensor_model_parallel_size": 1,
+        "parallel.pipeline_model_parallel_size": 2,
+        "parallel.virtual_pipeline_model_parallel_size": 2,
+        "parallel.pipeline_model_parallel_layout": "Et|tt|tt|tL",
+        "parallel.context_parallel_size": 2,
+        "parallel.expert_model_parallel_size": 2,
+        "parallel.expert_tensor_parallel_size": 1,
+        "optimizer.use_distributed_optimizer": False,
+        "parallel.use_megatron_fsdp": True,
+    }
+    assert set(changes) == set(LAYOUT_FIELDS)
+    for sharding in ("dp_reshardable", "fully_reshardable"):
+        run_dir = saved_run(
+            tmp_path / sharding, 10, [f"checkpoint.dist_optimizer_sharding={sharding}"]
+        )
+        path = run_dir / "checkpoints" / dirs.iter_name(10)
+        state = json.loads((path / dirs.STATE_FILE).read_text())
+        state |= {"format_version": FORMAT_VERSION, "dist_optimizer_sharding": sharding}
+        (path / dirs.STATE_FILE).write_text(json.dumps(state))
+        for field, value in changes.items():
+            overrides = [f"checkpoint.dist_optimizer_sharding={sharding}", f"{field}={value}"]
+            _, cfg = resolve("tiny_gpt_pretrain", overrides)
+            before_launch = {k: v for k, v in problems(run_dir, overrides).items() if k == field}
+            try:
+                check_compatible(cfg, path, state)
+                on_the_ranks = {}
+            except ConfigError as err:
+                on_the_ranks = dict(err.problems)
+            assert on_the_ranks == before_launch, (sharding, field)
+            refused = sharding == "dp_reshardable" or field == "parallel.use_megatron_fsdp"
+            assert bool(on_the_ranks) == refused, (sharding, field)
+
+
+def test_an_older_checkpoint_is_compared_on_the_layout_it_recorded(tmp_path: Path) -> None:
+    """A train_state.json without the whole config, whose "layout" record has no CP, ETP or
+    pipeline layout: those are not compared; what it records is, on both paths."""
+    pytest.importorskip("torch")
+    from training.checkpoint_state import FORMAT_VERSION, check_compatible
+
+    _, cfg = resolve("tiny_gpt_pretrain", [])
+    folder = tmp_path / "run" / "checkpoints" / dirs.iter_name(10)
+    folder.mkdir(parents=True)
+    par = cfg.parallel
+    state = {
+        "format_version": FORMAT_VERSION,
+        "step": 10,
+        "dist_optimizer_sharding": "dp_reshardable",
+        "layout": {
+            "tensor_model_parallel_size": par.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
+            "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
+            "expert_model_parallel_size": par.expert_model_parallel_size,
+            "use_distributed_optimizer": cfg.optimizer.use_distributed_optimizer,
+            "use_megatron_fsdp": par.use_megatron_fsdp,
+        },
+    }
+    (folder / dirs.STATE_FILE).write_text(json.dumps(state))
+    cp = ["parallel.context_parallel_size=2"]
+    assert problems(tmp_path / "run", cp) == {}
+    check_compatible(resolve("tiny_gpt_pretrain", cp)[1], folder, state)
+    tp = ["parallel.tensor_model_parallel_size=1"]
+    before_launch = problems(tmp_path / "run", tp)
+    with pytest.raises(ConfigError) as on_the_ranks:
+        check_compatible(resolve("tiny_gpt_pretrain", tp)[1], folder, state)
+    assert dict(on_the_ranks.value.problems) == before_launch
+    assert list(before_launch) == ["parallel.tensor_model_parallel_size"]

@@ -48,8 +48,10 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
+from config import paths
 from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
+from config.layout import layout_changes
 from config.schema import TrainingConfig
 from training import checkpoint_dirs as dirs
 from training import checkpoint_helpers, hf_weights
@@ -80,8 +82,9 @@ class Checkpointer:
         if missing:
             raise ValueError(f"a checkpoint needs the states {sorted(missing)} as well")
         self.states = states
-        self.save_dir = Path(ckpt.save_dir) if ckpt.save_dir else Path(run_dir) / "checkpoints"
-        self.load_dir = Path(ckpt.load_dir) if ckpt.load_dir else None
+        # The folder launchers/resume.py checked before launch and `recipes runs` reads.
+        self.save_dir = paths.checkpoint_dir(ckpt.save_dir, run_dir)
+        self.load_dir = paths.expand(ckpt.load_dir) if ckpt.load_dir else None
         self.device = device
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
@@ -183,7 +186,7 @@ class Checkpointer:
         # The batch source's own state (Energon's loader) is per DP rank: same layout only;
         # otherwise the global data position alone.
         data = {"consumed_samples": saved["consumed_samples"]}
-        same_ranks = same_world and saved["layout"] == ckpt_state.layout(self.cfg)
+        same_ranks = same_world and not layout_changes(saved, self.cfg)
         if same_ranks and ckpt_state.data_file(path, self.rank).is_file():
             data = ckpt_state.load_data(path, self.rank)
         self.states["data"].load_state_dict(data)

@@ -32,12 +32,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+# train_state.json's dist_optimizer_sharding of a Megatron-FSDP checkpoint (Megatron-Core's name).
+from config.layout import FSDP_SHARDING as FSDP_SHARDING
+
 LATEST_FILE = "latest"
 STATE_FILE = "train_state.json"
 MANIFEST_FILE = "manifest.json"
 TMP_SUFFIX = ".tmp"  # being written
-# train_state.json's dist_optimizer_sharding of a Megatron-FSDP checkpoint (Megatron-Core's name).
-FSDP_SHARDING = "fsdp_dtensor"
 DEL_SUFFIX = ".del"  # being deleted: renamed first, so a half-deleted folder never looks complete
 _COMPLETE = re.compile(r"^iter_(\d{7,})$")
 

@@ -4,7 +4,8 @@
   (`model`, or `model0`, `model1` ... with virtual pipeline stages), so that its tools can read ours.
 - Optimizer: `optimizer.sharded_state_dict(model_state, metadata=...)`; the distributed optimizer
   in `checkpoint.dist_optimizer_sharding` format (`dp_reshardable`, the one that loads on the CPU,
-  reshards over data parallelism only: TP, PP and EP must stay the same across a resume).
+  reshards over data parallelism only: the layout config/layout.py names must stay the same
+  across a resume).
 - `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
   schedule's state, the config's name and hash, the parallel layout, the sharding type.
 - `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker),
@@ -41,9 +42,10 @@ import torch
 import torch.distributed as dist
 
 from config.hf import is_hf_folder
+from config.layout import layout_problems, resume_layout
 from config.rules.peft import is_adapter
 from config.schema import TrainingConfig
-from config.tree import to_dict
+from config.tree import ConfigError, to_dict
 from training.checkpoint_dirs import FSDP_SHARDING
 
 FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
@@ -57,16 +59,9 @@ def config_hash(cfg: TrainingConfig) -> str:
 
 
 def layout(cfg: TrainingConfig) -> dict[str, Any]:
-    """What must not change for a dp_reshardable checkpoint to load into this run's shards."""
-    par = cfg.parallel
-    return {
-        "tensor_model_parallel_size": par.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
-        "virtual_pipeline_model_parallel_size": par.virtual_pipeline_model_parallel_size,
-        "expert_model_parallel_size": par.expert_model_parallel_size,
-        "use_distributed_optimizer": cfg.optimizer.use_distributed_optimizer,
-        "use_megatron_fsdp": par.use_megatron_fsdp,
-    }
+    """train_state.json's "layout" record: what the optimizer state's shards depend on
+    (config/layout.py LAYOUT_FIELDS), by short name as the record has always keyed it."""
+    return {field.rsplit(".", 1)[-1]: value for field, value in resume_layout(cfg).items()}
 
 
 def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
@@ -122,29 +117,15 @@ def hf_origin(cfg: TrainingConfig) -> str | None:
 
 
 def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -> None:
-    """Refuse, with the fix, a checkpoint that cannot load into this run's layout."""
+    """Refuse, with the fix, a checkpoint that cannot load into this run's layout: the answer
+    launchers/resume.py gives before launch (config/layout.py `layout_problems`)."""
     if saved.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{folder}: checkpoint format {saved.get('format_version')}, expected {FORMAT_VERSION}"
         )
-    now = layout(cfg)
-    changed = {
-        k: (saved["layout"].get(k), v) for k, v in now.items() if saved["layout"].get(k) != v
-    }
-    sharding = saved["dist_optimizer_sharding"]
-    if changed and (sharding != "fully_reshardable" or "use_megatron_fsdp" in changed):
-        detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
-        fix = (
-            "keep parallel.use_megatron_fsdp as saved: Megatron-FSDP and Megatron DDP "
-            "checkpoints differ in format"
-            if "use_megatron_fsdp" in changed
-            else "Resume with the saved layout, or save with "
-            "checkpoint.dist_optimizer_sharding=fully_reshardable (Megatron DDP)"
-        )
-        raise ValueError(
-            f"{folder} was saved with another parallel layout ({detail}); its {sharding!r} "
-            f"optimizer state reshards over data parallelism only. {fix}"
-        )
+    problems = layout_problems(saved, cfg, str(folder))
+    if problems:
+        raise ConfigError([(p.field, p.message) for p in problems])
 
 
 def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:

@@ -13,12 +13,12 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from config import paths
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from config.tree import ConfigError, apply_overrides, from_dict, write_yaml
+from config.tree import ConfigError, apply_overrides, from_dict
 from training.ranks import launch_from_env
 
 if TYPE_CHECKING:
@@ -46,24 +46,6 @@ def cluster_from_env(device: str) -> Cluster:
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
 
 
-def _peak_tflops(cluster: Cluster, preset) -> float | None:
-    """Dense peak per GPU in the precision the GEMMs run in (None on the CPU: no MFU)."""
-    spec = cluster.spec
-    if cluster.gpu == "cpu" or preset is None:
-        return None
-    if preset.fp8_recipe == "nvfp4":
-        return spec.fp4_tflops
-    return spec.fp8_tflops if preset.fp8_recipe else spec.bf16_tflops
-
-
-def run_dir_for(cfg: TrainingConfig) -> Path:
-    if cfg.logging.run_dir:
-        return Path(cfg.logging.run_dir)
-    # All ranks must agree on the folder: torchrun's run id (one per job) names it.
-    stamp = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-    return Path("runs") / f"{cfg.name}-{stamp}"
-
-
 def pretrain(
     config: TrainingConfig,
     hooks: Sequence[Hook] = (),
@@ -78,6 +60,7 @@ def pretrain(
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
     from config.finalize import finalize
+    from config.perf import gemm_peak
     from config.rules import validate
     from training.distributed import resolve_device
 
@@ -88,10 +71,12 @@ def pretrain(
     if problems:
         raise ConfigError([(p.field, p.message) for p in problems])
 
-    run_dir = run_dir_for(config)
+    # All ranks must agree on a folder the config does not name: torchrun's run id (one per job)
+    # stamps it.
+    run_dir = paths.run_dir_for(config, os.environ.get("TORCHELASTIC_RUN_ID", "local"))
     run_dir.mkdir(parents=True, exist_ok=True)
     if launch_from_env().rank == 0:
-        write_yaml(config, run_dir / "config.yaml")
+        paths.write_run_config(config, run_dir)
 
     from training import distributed
     from training.checkpoint import Checkpointer
@@ -105,7 +90,9 @@ def pretrain(
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
         owns_group = distributed.init_process_group(launch_from_env(), device, store=store)
-        trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
+        # MFU against the peak the planner predicts it against; none on the CPU (a peak of 0).
+        peak, _ = gemm_peak(config, cluster, derived)
+        trainer = Trainer(config, derived, device, run_dir, peak or None)
         if collective_timeout is not None:
             distributed.set_collective_timeout(collective_timeout)
         checkpoints = Checkpointer(

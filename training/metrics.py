@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from config import paths
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -271,7 +273,7 @@ def summary(rows: list[dict[str, Any]], cfg: TrainingConfig, run_dir: Path) -> s
     vals = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     if vals:
         lines.append(f"  val_loss {vals[-1]:.4f} (best {min(vals):.4f})")
-    save_dir = Path(cfg.checkpoint.save_dir) if cfg.checkpoint.save_dir else run_dir / "checkpoints"
+    save_dir = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     lines.append(f"  checkpoints {save_dir}; metrics and plot {run_dir / PLOT_FILE}")
     return "\n".join(lines)
 

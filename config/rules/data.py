@@ -14,6 +14,7 @@ from config.hardware import Cluster
 from config.problems import Problem
 from config.registry import DATA_KINDS, data_kind, model_arch
 from config.schema import TrainingConfig
+from config.tree import ConfigError
 
 
 def data(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
@@ -152,3 +153,29 @@ def _chat_template(given: str, kind: str) -> list[Problem]:
             )
         ]
     return []
+
+
+def tokenizer_fits(cfg: TrainingConfig, size: int | None) -> list[Problem]:
+    """data.tokenizer, which emits `size` ids (None: unknown), against model.vocab_size: ids past
+    the embedding train on nothing under tensor parallelism, or fail deep inside the model. The
+    launcher asks with the size read from the tokenizer's files (launchers/inputs.py), the ranks
+    with the loaded tokenizer's (data/pretrain.py, data/sft.py): one check, one message."""
+    given, vocab = cfg.data.tokenizer, cfg.model.vocab_size
+    if size is None or size <= vocab:
+        return []
+    return [
+        Problem(
+            "data.tokenizer",
+            f"{given} has {size} ids but model.vocab_size={vocab}: ids {vocab}..{size - 1} "
+            "would fall outside the model's vocabulary. Use the model's own tokenizer, or raise "
+            f"model.vocab_size to at least {size} (a model trained from scratch)",
+        )
+    ]
+
+
+def check_tokenizer_fits(cfg: TrainingConfig, size: int) -> None:
+    """`tokenizer_fits` on the ranks, with the loaded tokenizer's size: a ConfigError naming the
+    field (training.entry exits 2 with it, as for any invalid config)."""
+    problems = tokenizer_fits(cfg, size)
+    if problems:
+        raise ConfigError([(p.field, p.message) for p in problems])
