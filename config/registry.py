@@ -24,12 +24,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from config.blend import parse_blend
-
-if TYPE_CHECKING:
-    from config.schema import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +143,6 @@ def register_data_kind(kind: DataKind) -> DataKind:
 
 def unregister_data_kind(name: str) -> None:
     DATA_KINDS.pop(name, None)
-
-
-def data_kind(cfg: TrainingConfig) -> DataKind | None:
-    """The registry entry of a config's data.kind (None for an unknown kind: the checker says so)."""
-    return DATA_KINDS.get(cfg.data.kind)
-
-
-def model_arch(cfg: TrainingConfig) -> ModelArch | None:
-    return MODEL_ARCHS.get(cfg.model.arch)
 
 
 def load(ref: str) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional  # see the module docstring: not X | None
 
 from config.precision import PRESETS
-from config.registry import DATA_KINDS, MODEL_ARCHS
+from config.registry import DATA_KINDS, MODEL_ARCHS, DataKind, ModelArch
 
 
 def one_of(choices: Callable[[], Iterable[str]]) -> dict[str, Any]:
@@ -474,3 +474,13 @@ class TrainingConfig:
     peft: PeftConfig = field(default_factory=PeftConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+
+
+def data_kind(cfg: TrainingConfig) -> Optional[DataKind]:
+    """The registry entry of a config's data.kind (None for an unknown kind: the checker says so)."""
+    return DATA_KINDS.get(cfg.data.kind)
+
+
+def model_arch(cfg: TrainingConfig) -> Optional[ModelArch]:
+    """The registry entry of a config's model.arch (None for an unknown one: the checker says so)."""
+    return MODEL_ARCHS.get(cfg.model.arch)

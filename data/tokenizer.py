@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from config.registry import data_kind
+from config.schema import data_kind
 
 if TYPE_CHECKING:
     from config.schema import TrainingConfig

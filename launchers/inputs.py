@@ -39,10 +39,9 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from config.blend import index_cache_base, parse_blend
-from config.registry import data_kind
 from config.rules.data import tokenizer_fits
 from config.rules.pretrained import pretrained_problems
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, data_kind
 from config.tree import ConfigError
 from data.records import SFTDataError, read_conversations, read_pairs
 from data.tokenizer import tokenizer_size

@@ -25,8 +25,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from config.finalize import Derived
 from config.precision import PrecisionPreset
-from config.registry import data_kind
-from config.schema import TrainingConfig, selective_modules
+from config.schema import TrainingConfig, data_kind, selective_modules
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.problems import Problem
-from config.registry import load, model_arch
+from config.registry import load
 from config.rules.batch import batch
 from config.rules.choices import choices
 from config.rules.cluster import cluster_size
@@ -25,7 +25,7 @@ from config.rules.precision import cpu, precision
 from config.rules.pretrained import pretrained
 from config.rules.ranges import ranges
 from config.rules.training import training
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, model_arch
 
 __all__ = ["Problem", "validate"]
 

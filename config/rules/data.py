@@ -12,8 +12,8 @@ from config.blend import split_weights
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.problems import Problem
-from config.registry import DATA_KINDS, data_kind, model_arch
-from config.schema import TrainingConfig
+from config.registry import DATA_KINDS
+from config.schema import TrainingConfig, data_kind, model_arch
 from config.tree import ConfigError
 
 
