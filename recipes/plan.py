@@ -24,6 +24,7 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from config import layers
 from config import layout as layouts
 from config.estimate import (
     GIB,
@@ -286,8 +287,7 @@ class _FastDerived:
         etp = shape.etp or shape.tp
         key = (*where, recompute)
         if key not in self.loads:
-            moe = bool(m.num_moe_experts)
-            first = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
+            first = layers.first_moe_layer(m)
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
             self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
