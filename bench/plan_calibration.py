@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import perf  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from launchers.profile import JobSize, job_cluster  # noqa: E402
-from recipes.plan import plan  # noqa: E402
+from recipes.advice.plan import plan  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 from tests.published_runs import RUNS, PublishedRun  # noqa: E402
 

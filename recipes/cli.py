@@ -16,9 +16,9 @@ from config.hardware import GPUS, Cluster
 from config.tree import ConfigError, to_dict, to_yaml
 from data.cli import add_data_parser, cmd_data
 from launchers.profile import EXECUTORS, JobSize, Profile, job_cluster, load_profile
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
-from recipes.plan_text import render as render_plans
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.advice.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
+from recipes.advice.plan_text import render as render_plans
 from recipes.registry import Recipe, all_recipes, resolve
 
 # What a profile gives `check` and `plan`: the cluster `recipes run --profile` would judge.
@@ -177,7 +177,7 @@ def sized(recipe: Recipe, args: argparse.Namespace) -> tuple[Cluster, Profile | 
 
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
-    report = check(cfg, sized(recipe, args)[0])
+    report = check(cfg, sized(recipe, args)[0], pinned=pinned(cfg, args.overrides))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
 

@@ -25,7 +25,8 @@ from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
 from launchers.profile import JobSize, Profile, job_cluster, load_profile, replace
 from launchers.resume import check_resume
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.advice.plan import pinned as pinned_fields
 from recipes.registry import get
 from recipes.shrink import cpu_substitutes, fit_to_world
 from recipes.shrink import shrink as shrink_model
@@ -41,7 +42,12 @@ class Refused(Exception):
 
 
 def prepare(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, cwd: Path | None = None
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    profile: Profile,
+    cwd: Path | None = None,
+    *,
+    pinned: dict[str, object] | None = None,
 ) -> Path:
     """The pre-launch steps every launch path shares (`recipes run`, the NeMo-Run plugin and the
     `nemo recipes` entry point in recipes/nemo.py), in order; returns the run directory.
@@ -50,7 +56,8 @@ def prepare(
     input files where the ranks will look (launchers/inputs.py); the run directory (a new
     runs/<recipe>-<UTC time> unless logging.run_dir); whether a checkpoint there can be resumed with
     this config (launchers/resume.py), before any config.yaml is written. ConfigError names the
-    field of anything else.
+    field of anything else. `pinned`: the layout fields the command line set, which the checker's
+    suggestions keep (recipes/advice/plan.py `pinned`).
     """
     if profile.executor == "local" and cfg.resilience.ft_launcher:
         raise ConfigError(
@@ -63,7 +70,7 @@ def prepare(
                 )
             ]
         )
-    report = check(cfg, cluster)
+    report = check(cfg, cluster, pinned=pinned)
     on_cpu = cfg.train.device == "cpu"
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
         raise Refused(render(report), report.exit_code)
@@ -104,7 +111,7 @@ def run_command(
     if prof.executor == "local":
         check_local(cluster.num_nodes, chain)
     try:
-        run_dir = prepare(cfg, cluster, prof)
+        run_dir = prepare(cfg, cluster, prof, pinned=pinned_fields(cfg, overrides))
     except Refused as refused:
         print(refused.text)
         return refused.exit_code

@@ -237,7 +237,7 @@ class Checks(nr.Plugin):
             cfg.train.device = "cpu"  # gloo, no FP8, no memory limit to check
         profile = profile_of(executor)
         if profile is None:  # no launcher of ours: the checker only
-            from recipes.check import check, render
+            from recipes.advice.check import check, render
 
             report = check(cfg, cluster)
             if not report.valid:

@@ -32,12 +32,12 @@ from hypothesis import strategies as st
 from config.schema import Range, TrainingConfig
 from config.tree import ConfigError, apply_overrides, field_types, get_path, out_of_range
 from launchers.profile import JobSize, job_cluster
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
 from recipes.cli import main
 from recipes.registry import resolve
 from tests.test_engine import ONE_CPU, losses, one_rank, tiny  # noqa: F401 (one_rank: a fixture)
 
-EXIT_CODES = {EXIT_OK, EXIT_INVALID, EXIT_NO_FIT}  # recipes/check.py, the CLI contract
+EXIT_CODES = {EXIT_OK, EXIT_INVALID, EXIT_NO_FIT}  # recipes/advice/check.py, the CLI contract
 REPO = Path(__file__).resolve().parents[1]
 
 

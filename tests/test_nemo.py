@@ -321,9 +321,9 @@ def test_recipes_run_and_nemo_run_share_the_pre_launch_steps(
 
     seen, real = [], launch.prepare
 
-    def spy(cfg, cluster, profile, cwd=None):  # noqa: ANN001, ANN202
+    def spy(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
         seen.append((cfg.name, cluster.gpu, profile.executor))
-        return real(cfg, cluster, profile, cwd)
+        return real(cfg, cluster, profile, cwd, **kw)
 
     monkeypatch.setattr(launch, "prepare", spy)
     monkeypatch.chdir(tmp_path)
@@ -368,7 +368,7 @@ def judged(
     monkeypatch.setattr(cli, "plan", spy("plan", cli.plan, ([], 0)))
     where = ["run"]
 
-    def stop(cfg, cluster, profile, cwd=None):  # noqa: ANN001, ANN202
+    def stop(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
         seen[where[0]] = cluster
         raise Refused("", 0)
 
@@ -430,7 +430,7 @@ def test_the_cpu_mode_judges_one_node_of_two_processes_everywhere(
     seen = judged(monkeypatch, "llama3_8b_pretrain", ["--gpu", "cpu"], ["executor.device=cpu"])
     import recipes.launch as launch
 
-    def stop(cfg, cluster, profile, cwd=None):  # noqa: ANN001, ANN202
+    def stop(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
         seen["rn.run, its default executor"] = cluster
         raise Refused("", 0)
 

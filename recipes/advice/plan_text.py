@@ -1,5 +1,5 @@
-"""`recipes plan`'s table and the `recipes run` command of its first plan (recipes/plan.py finds
-the plans)."""
+"""`recipes plan`'s table and the `recipes run` command of its first plan (plan.py finds the
+plans)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shlex
 
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from recipes.plan import Plan, overrides
+from recipes.advice.plan import Plan
 
 
 def command(
@@ -21,8 +21,7 @@ def command(
 ) -> str:
     """`recipes run` with the user's overrides, the plan's fields that differ from `cfg`, the
     cluster it was planned for and the profile it came from (`executor`: the profile's)."""
-    current = dict(item.split("=", 1) for item in overrides(cfg))
-    changed = [o for o in p.overrides if current[o.split("=", 1)[0]] != o.split("=", 1)[1]]
+    changed = p.changes(cfg)
     size = [
         *("--nodes", str(cluster.num_nodes), "--gpus-per-node", str(cluster.gpus_per_node)),
         *("--gpu", cluster.gpu),
