@@ -102,7 +102,9 @@ def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     act = 2 if m.activation == "swiglu" else 1  # the fc1 output the activation saves
     if moe:
         topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
-        outside += 2 * h + 4 * m.num_moe_experts  # router input (BF16) and FP32 routing scores
+        outside += 2 * h + 4 * (
+            m.num_moe_experts or 0
+        )  # router input (BF16) and FP32 routing scores
         inside += topk * (lin * h + 2 * act * fe + lin * fe)  # each token visits top-k experts
         fs = m.moe_shared_expert_intermediate_size or 0
         inside += 2 * act * fs + lin * fs
@@ -142,7 +144,7 @@ def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
     fs = m.moe_shared_expert_intermediate_size or 0
     if "moe" in modules:
-        return outside + 4 * m.num_moe_experts, inside + topk * (
+        return outside + 4 * (m.num_moe_experts or 0), inside + topk * (
             lin * h + 2 * act * fe + lin * fe
         ) + (2 * act * fs + lin * fs)
     if "moe_act" in modules:

@@ -417,21 +417,23 @@ def job_cluster(
         CPU_PROCESSES if cpu_default else None,
         published.gpus_per_node if published else None,
     )
-    missing = [
-        (key, f"not given: pass {flag}, or set {key} in the cluster profile")
-        for key, flag, value in (
-            ("nodes", "--nodes N", nodes),
-            ("gpus_per_node", "--gpus-per-node G", per_node),
-            ("gpu", "--gpu KIND", "cpu" if cpu else kind),
+    gpu = "cpu" if cpu else kind
+    if nodes is None or per_node is None or gpu is None:
+        raise ConfigError(
+            [
+                (key, f"not given: pass {flag}, or set {key} in the cluster profile")
+                for key, flag, value in (
+                    ("nodes", "--nodes N", nodes),
+                    ("gpus_per_node", "--gpus-per-node G", per_node),
+                    ("gpu", "--gpu KIND", gpu),
+                )
+                if value is None
+            ]
         )
-        if value is None
-    ]
-    if missing:
-        raise ConfigError(missing)
     return Cluster(
         num_nodes=nodes,
         gpus_per_node=per_node,
-        gpu="cpu" if cpu else kind,
+        gpu=gpu,
         nvlink_domain=first(
             size.nvlink_domain, prof.nvlink_domain, published.nvlink_domain if published else None
         ),

@@ -4,9 +4,8 @@ ranks.
 `check` suggests layouts in two places: the changes that make a config fit ("predicted to fit
 with") and, in a topology warning, a layout that keeps a group inside its NVLink domain. Both come
 from the planner (recipes/advice/suggest.py), so for the same command line they are `plan`'s
-answers. Before, `check` tried its own short list of changes: on Llama 3 8B on four A100-40G it
-suggested doubling the job to two nodes with TP 2, where `plan` fits TP 4 with full recompute on
-the one node.
+answers. A short list of changes of its own would miss what the planner finds: Llama 3 8B on four
+A100-40G fits on those four with TP 4 and full recompute, no second node needed.
 """
 
 from __future__ import annotations

@@ -424,8 +424,8 @@ def test_every_command_judges_the_cluster_the_profile_and_options_give(
 def test_the_cpu_mode_judges_one_node_of_two_processes_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A recipe published for 8 GPUs, run on the CPU: `check --gpu cpu` judged 8 processes where
-    `run` launched 2; the NeMo-Run default executor started 8."""
+    """A recipe published for 8 GPUs, on the CPU: `check --gpu cpu`, `run`, `nemo recipes pretrain`
+    and `rn.run`'s default executor all judge (and start) 2 processes on one node, not 8."""
     monkeypatch.chdir(tmp_path)
     seen = judged(monkeypatch, "llama3_8b_pretrain", ["--gpu", "cpu"], ["executor.device=cpu"])
     import recipes.launch as launch
