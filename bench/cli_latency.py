@@ -1,5 +1,6 @@
 """Wall time of `recipes list`, `recipes check` and `recipes plan` on the largest recipes, as a user
-sees it (`plan deepseek_v3_pretrain` searches the catalog's largest space: 1024 GPUs, MoE).
+sees it (`plan deepseek_v3_pretrain` searches the catalog's largest space: 1024 GPUs, MoE; `check`
+of a config that does not fit, or whose groups leave their NVLink domain, asks the planner too).
 
     .venv/bin/python bench/cli_latency.py [--repeat 10]
 
@@ -20,6 +21,13 @@ COMMANDS = {
     "recipes list": ["list"],
     "recipes check llama31_405b_pretrain": ["check", "llama31_405b_pretrain"],
     "recipes check deepseek_v3_pretrain": ["check", "deepseek_v3_pretrain"],
+    # Does not fit: the planner finds what does, and the layout that keeps EP inside a node.
+    "recipes check deepseek_v3_pretrain --gpu a100-40g": [
+        "check",
+        "deepseek_v3_pretrain",
+        "--gpu",
+        "a100-40g",
+    ],
     "recipes plan deepseek_v3_pretrain": ["plan", "deepseek_v3_pretrain"],
     "recipes plan llama31_405b_pretrain": ["plan", "llama31_405b_pretrain"],
 }

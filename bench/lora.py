@@ -34,7 +34,7 @@ BYTES = 2 + 12  # BF16 weight + FP32 master, Adam's two moments
 
 def predicted(recipe: str, overrides: list[str]) -> dict[str, float]:
     spec, cfg = resolve(recipe, overrides)
-    cluster = spec.sized()
+    cluster = spec.cluster
     count = count_parameters(cfg)
     if cfg.peft.scheme == "lora":
         m = cfg.model

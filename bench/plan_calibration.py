@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config import perf  # noqa: E402
 from config.finalize import finalize  # noqa: E402
-from recipes.plan import plan  # noqa: E402
+from launchers.profile import JobSize, job_cluster  # noqa: E402
+from recipes.advice.plan import plan  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 from tests.published_runs import RUNS, PublishedRun  # noqa: E402
 
@@ -41,7 +42,8 @@ def matches(run: PublishedRun, p) -> bool:
 
 def evaluate(run: PublishedRun, constants: dict[str, float]) -> dict:
     recipe, cfg = resolve(run.recipe, run.overrides)
-    cluster = recipe.sized(max(1, run.gpus // 8), min(run.gpus, 8), "h100", None)
+    size = JobSize(nodes=max(1, run.gpus // 8), gpus_per_node=min(run.gpus, 8), gpu="h100")
+    cluster = job_cluster(recipe.cluster, None, size)
     step = perf.predict(cfg, cluster, finalize(cfg, cluster), constants)
     saved = dict(perf.VALUES)
     perf.VALUES.update(constants)  # the planner prices with the module's table

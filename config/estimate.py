@@ -30,7 +30,7 @@ job runs out of memory on its most loaded rank.
   24/TP) s b h without, for s = seq_length / CP. Megatron-Core always runs a flash/fused attention
   kernel on GPUs (TE or SDPA), so the 5 a s^2 b score term never appears, recompute or not. Full
   recompute keeps each layer's 2 s b h input (/TP with SP) plus the working set of the layers
-  being recomputed. `_layer_activations` generalises the 34 to SwiGLU, other FFN widths, GQA, MLA
+  being recomputed. `config.layers.layer_activations` generalises the 34 to SwiGLU, other FFN widths, GQA, MLA
   and MoE (top-k experts of moe_ffn_hidden_size); with FP8, TE saves linear-layer inputs in 1 byte.
 - Microbatches in flight on rank r: 1F1B holds min(PP - r, microbatches); the interleaved schedule
   its warm-up plus one (config/layout.py `warmup_forwards`, per virtual stage: chunks can differ):
@@ -45,11 +45,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from config import layers
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
 from config.layout import warmup_forwards
 from config.precision import PrecisionPreset
-from config.schema import ModelConfig, TrainingConfig, selective_modules
+from config.schema import ModelConfig, TrainingConfig
 from config.tree import in_range
 
 GIB = 2**30
@@ -80,47 +81,6 @@ class ParamCount:
     active_per_token: int
 
 
-def _head_dim(m: ModelConfig) -> int:
-    return m.kv_channels or m.hidden_size // m.num_attention_heads
-
-
-def _norm(m: ModelConfig, width: int) -> int:
-    return width * (2 if m.normalization == "LayerNorm" else 1)
-
-
-def _attention(m: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, norms and biases) of one attention block, its input norm included."""
-    h, heads = m.hidden_size, m.num_attention_heads
-    other = _norm(m, h)
-    if m.multi_latent_attention:
-        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-        if m.q_lora_rank:  # queries through a low-rank bottleneck with its own norm
-            mm = h * m.q_lora_rank + m.q_lora_rank * heads * qk
-            other += _norm(m, m.q_lora_rank)
-        else:
-            mm = h * heads * qk
-        mm += h * (m.kv_lora_rank + m.qk_pos_emb_head_dim)  # compressed KV + shared rope key
-        mm += m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim) + heads * m.v_head_dim * h
-        return mm, other + _norm(m, m.kv_lora_rank)
-    d = _head_dim(m)
-    hq, hkv = heads * d, (m.num_query_groups or heads) * d
-    mm = h * (hq + 2 * hkv) + hq * h
-    if m.add_bias_linear or m.add_qkv_bias:
-        other += hq + 2 * hkv
-    if m.add_bias_linear:
-        other += h
-    if m.qk_layernorm:
-        other += 2 * _norm(m, d)
-    return mm, other
-
-
-def _mlp(m: ModelConfig, ffn: int) -> tuple[int, int]:
-    """(matmul weights, biases) of an MLP of width ffn; SwiGLU has a gate and an up projection."""
-    gated = m.activation == "swiglu"
-    bias = ((2 if gated else 1) * ffn + m.hidden_size) if m.add_bias_linear else 0
-    return (3 if gated else 2) * m.hidden_size * ffn, bias
-
-
 def _vit(m: ModelConfig) -> tuple[ModelConfig, int]:
     """The vision encoder as a ModelConfig (CLIP-style: LayerNorm, GELU, biases) and its tokens."""
     v = m.vision
@@ -144,8 +104,14 @@ def _vision_params(m: ModelConfig) -> tuple[int, int]:
     """(encoder, projector) parameters: patch conv, class token, positions, pre/post norms, layers."""
     vit, tokens = _vit(m)
     v, hv = m.vision, vit.hidden_size
-    layer = sum(_attention(vit)) + _norm(vit, hv) + sum(_mlp(vit, vit.ffn_hidden_size))
-    encoder = 3 * v.patch_size**2 * hv + hv * int(v.class_token) + tokens * hv + 2 * _norm(vit, hv)
+    layer = (
+        sum(layers.attention(vit))
+        + layers.norm(vit, hv)
+        + sum(layers.mlp(vit, vit.ffn_hidden_size))
+    )
+    encoder = (
+        3 * v.patch_size**2 * hv + hv * int(v.class_token) + tokens * hv + 2 * layers.norm(vit, hv)
+    )
     ph = v.projector_hidden_size or m.hidden_size
     return encoder + v.num_layers * layer, hv * ph + ph + ph * m.hidden_size + m.hidden_size
 
@@ -157,10 +123,6 @@ def _vocab(cfg: TrainingConfig) -> int:
     return padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
 
 
-def _num_dense_layers(m: ModelConfig) -> int:
-    return min(m.moe_first_k_dense_layers, m.num_layers) if m.num_moe_experts else m.num_layers
-
-
 def count_parameters(cfg: TrainingConfig) -> ParamCount:
     m = cfg.model
     h = m.hidden_size
@@ -168,22 +130,24 @@ def count_parameters(cfg: TrainingConfig) -> ParamCount:
     positions = m.seq_length * h if m.position_embedding_type == "learned_absolute" else 0
     embedding = vocab * h + positions
     output = 0 if m.share_embeddings_and_output_weights else vocab * h
-    attention = sum(_attention(m)) + _norm(m, h)  # + the norm in front of the MLP
-    dense = attention + sum(_mlp(m, m.ffn_hidden_size))
-    n_dense = _num_dense_layers(m)
+    attention = sum(layers.attention(m)) + layers.norm(m, h)  # + the norm in front of the MLP
+    dense = attention + sum(layers.mlp(m, m.ffn_hidden_size))
+    n_dense = layers.num_dense_layers(m)
     n_moe = m.num_layers - n_dense
     experts = moe_shared = per_expert = 0
     if m.num_moe_experts:
-        per_expert = sum(_mlp(m, m.moe_ffn_hidden_size or m.ffn_hidden_size))
+        per_expert = sum(layers.mlp(m, m.moe_ffn_hidden_size or m.ffn_hidden_size))
         experts = m.num_moe_experts * per_expert
         shared = m.moe_shared_expert_intermediate_size
-        moe_shared = h * m.num_moe_experts + (sum(_mlp(m, shared)) if shared else 0)
+        moe_shared = h * m.num_moe_experts + (sum(layers.mlp(m, shared)) if shared else 0)
     moe_layer = attention + moe_shared + experts
     # An MTP layer: norms of embedding and hidden state, their 2h -> h projection, one layer of
     # the decoder's kind (MoE in DeepSeek-V3) and a final norm; embedding and output are shared.
-    mtp = (m.mtp_num_layers or 0) * ((moe_layer if n_moe else dense) + 2 * h * h + 3 * _norm(m, h))
+    mtp = (m.mtp_num_layers or 0) * (
+        (moe_layer if n_moe else dense) + 2 * h * h + 3 * layers.norm(m, h)
+    )
     vision = sum(_vision_params(m)) if m.vision else 0
-    final_norm = _norm(m, h)
+    final_norm = layers.norm(m, h)
     main = embedding + output + n_dense * dense + n_moe * moe_layer + final_norm
     inactive = n_moe * ((m.num_moe_experts or 0) - m.moe_router_topk) * per_expert  # unrouted
     return ParamCount(
@@ -220,20 +184,20 @@ def model_flops_per_token(cfg: TrainingConfig) -> float:
     m = cfg.model
     h = m.hidden_size
     vocab = _vocab(cfg)
-    attention = _attention(m)[0]
-    dense = moe = attention + _mlp(m, m.ffn_hidden_size)[0]
+    attention = layers.attention(m)[0]
+    dense = moe = attention + layers.mlp(m, m.ffn_hidden_size)[0]
     if m.num_moe_experts:
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
-        experts = m.moe_router_topk * _mlp(m, fe)[0] + (_mlp(m, fs)[0] if fs else 0)
+        experts = m.moe_router_topk * layers.mlp(m, fe)[0] + (layers.mlp(m, fs)[0] if fs else 0)
         moe = attention + h * m.num_moe_experts + experts  # router + top-k and shared experts
-    n_dense, mtp = _num_dense_layers(m), m.mtp_num_layers or 0
+    n_dense, mtp = layers.num_dense_layers(m), m.mtp_num_layers or 0
     n_moe = m.num_layers - n_dense
     matmul = n_dense * dense + n_moe * moe + mtp * ((moe if n_moe else dense) + 2 * h * h)
     matmul += (1 + mtp) * vocab * h
     if m.multi_latent_attention:
         d_qk, d_v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
     else:
-        d_qk = d_v = _head_dim(m)
+        d_qk = d_v = layers.head_dim(m)
     scores_and_values = m.seq_length * m.num_attention_heads * (d_qk + d_v)
     # LoRA: frozen weights get no weight gradient, so 4 FLOPs per weight and token, not 6 (the
     # adapters' own, rank x width, are left out; attention's backward is whole either way).
@@ -265,7 +229,7 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
     from config.rules.peft import targets
 
     m, tp, rank = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.peft.rank
-    d = _head_dim(m)
+    d = layers.head_dim(m)
     hq = m.num_attention_heads * d
     qkv = hq + 2 * (m.num_query_groups or m.num_attention_heads) * d
     ffn = m.moe_shared_expert_intermediate_size if moe else m.ffn_hidden_size
@@ -282,85 +246,6 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
             fan_in, fan_out = row[name]
             total += rank * fan_in / tp + fan_out * rank
     return total
-
-
-def _layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
-    """Bytes per token one layer saves for its backward: (outside, inside) the TP regions.
-
-    Without sequence parallel the outside part is replicated on every TP rank, with it everything
-    is split. `lin` is the bytes of a saved linear-layer input (2, or 1 when TE runs it in FP8).
-    Korthikanti's standard GPT (GELU, ffn 4h, MHA, dropout, BF16) gives outside 10h, inside 24h:
-      outside: norm inputs 2 x 2h + dropout masks 2 x h + QKV input 2h + fc1 input 2h = 10h
-      inside:  Q, K, V 3 x 2h + attention output 2h + GELU input 8h + fc2 input 8h = 24h
-    """
-    h = m.hidden_size
-    outside = 4 * h + (2 * h if m.hidden_dropout > 0 else 0)  # norm inputs; 1-byte dropout masks
-    heads = m.num_attention_heads
-    # The attention kernel keeps its BF16 output for its own backward; the output projection
-    # saves that same tensor in BF16, but its own FP8 copy under FP8.
-    out = 2 if lin == 2 else 2 + lin
-    if m.multi_latent_attention:
-        ql, kvl, rope = m.q_lora_rank or 0, m.kv_lora_rank, m.qk_pos_emb_head_dim
-        # Down projections' input; q and kv latents (norm inputs and up projections' inputs).
-        outside += lin * h + (2 + lin) * ql + 2 * (kvl + rope) + lin * kvl
-        qk = m.qk_head_dim + rope
-        inside = 2 * heads * (2 * qk + m.v_head_dim) + out * heads * m.v_head_dim
-    else:
-        d = _head_dim(m)
-        hq, hkv = heads * d, (m.num_query_groups or heads) * d
-        outside += lin * h
-        inside = 2 * (hq + 2 * hkv) + out * hq + (2 * (hq + hkv) if m.qk_layernorm else 0)
-    act = 2 if m.activation == "swiglu" else 1  # the fc1 output the activation saves
-    if moe:
-        topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
-        outside += 2 * h + 4 * m.num_moe_experts  # router input (BF16) and FP32 routing scores
-        inside += topk * (lin * h + 2 * act * fe + lin * fe)  # each token visits top-k experts
-        fs = m.moe_shared_expert_intermediate_size or 0
-        inside += 2 * act * fs + lin * fs
-    else:
-        outside += lin * h
-        inside += 2 * act * m.ffn_hidden_size + lin * m.ffn_hidden_size
-    return outside, inside
-
-
-def _discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
-    """Bytes per token of a layer's saved activations that selective recompute frees and rebuilds
-    in the backward: (outside, inside) the TP regions, as _layer_activations counts them.
-
-    core_attn frees nothing here (the fused attention kernel saves no score matrix to begin with);
-    mla_up_proj the up-projected queries, keys and values and the up projections' inputs;
-    layernorm the outputs of the norms that stand alone (Transformer Engine fuses the others into
-    the next linear layer, and Megatron-Core has nothing to recompute there): MLA's input norm
-    (the down projections' input) and an MoE layer's pre-MLP norm (the router's input);
-    mlp a dense layer's FC1 output and FC2 input (the checkpoint keeps its BF16 input in place of
-    FC1's); moe_act the experts' FC2 input; shared_experts theirs; moe the whole expert part and
-    the routing scores."""
-    modules = selective_modules(m)
-    h, act = m.hidden_size, 2 if m.activation == "swiglu" else 1
-    outside = inside = 0
-    if "mla_up_proj" in modules and m.multi_latent_attention:
-        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-        inside += 2 * m.num_attention_heads * (2 * qk + m.v_head_dim)
-        outside += lin * ((m.q_lora_rank or 0) + m.kv_lora_rank)
-    if "layernorm" in modules:
-        outside += (lin * h if m.multi_latent_attention else 0) + (2 * h if moe else 0)
-    if not moe:
-        if "mlp" in modules:
-            f = m.ffn_hidden_size
-            inside += 2 * act * f + lin * f
-            outside += lin * h - 2 * h
-        return outside, inside
-    topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
-    fs = m.moe_shared_expert_intermediate_size or 0
-    if "moe" in modules:
-        return outside + 4 * m.num_moe_experts, inside + topk * (
-            lin * h + 2 * act * fe + lin * fe
-        ) + (2 * act * fs + lin * fs)
-    if "moe_act" in modules:
-        inside += topk * lin * fe
-    if "shared_experts" in modules:
-        inside += 2 * act * fs + lin * fs
-    return outside, inside
 
 
 def bytes_per_parameter(
@@ -407,11 +292,11 @@ def estimate_memory(
     tokens = m.seq_length // par.context_parallel_size * cfg.train.micro_batch_size
 
     def act(model: ModelConfig, moe: bool, n_tokens: int, split: int) -> float:
-        outside, inside = _layer_activations(model, moe, lin)
+        outside, inside = layers.layer_activations(model, moe, lin)
         return n_tokens * (outside / split + inside / tp)
 
     kinds = (False, bool(m.num_moe_experts))
-    freed = {moe: _discarded(m, moe, lin) for moe in kinds}  # by selective recompute
+    freed = {moe: layers.discarded(m, moe, lin) for moe in kinds}  # by selective recompute
     rebuilt = {moe: tokens * (freed[moe][0] / sp_div + freed[moe][1] / tp) for moe in kinds}
     layer_act = {moe: act(m, moe, tokens, sp_div) - rebuilt[moe] for moe in kinds}
     kept_input = 2 * h * tokens / sp_div  # what a fully recomputed layer keeps
@@ -433,46 +318,38 @@ def estimate_memory(
     keys = ("dense", "expert", "frozen", "decoder", "working", "logits")
     ranks = [dict.fromkeys(keys, 0.0) for _ in range(pp)]
     acts = [[0.0] * vpp for _ in range(pp)]
-    layer, e_rank = 0, next(i % pp for i, c in enumerate(chunks) if "E" in c)
-    first_moe = count.num_dense_layers if m.num_moe_experts else m.num_layers + 1  # MTP: index L
+    e_rank = next(i % pp for i, c in enumerate(chunks) if "E" in c)
     experts = count.experts_per_layer / (
         par.expert_model_parallel_size * derived.expert_tensor_parallel_size
     )
     moe_dense = count.attention_per_layer + count.moe_shared_per_layer
-    for index, chunk in enumerate(chunks):
-        rank, stage, in_chunk = index % pp, index // pp, 0
+    recompute = (m.recompute_granularity, m.recompute_method, group)
+    slots = layers.walk(chunks, pp, layers.first_moe_layer(m), m.num_layers, recompute)
+    for rank, stage, c, moe, recomputed in slots:
         r = ranks[rank]
-        for c in chunk:
-            if c in "tm":
-                moe = (layer if c == "t" else m.num_layers) >= first_moe
-                layer += c == "t"
-                dense = moe_dense if moe else count.dense_per_layer
-                dense += 2 * h * h + 3 * _norm(m, h) if c == "m" else 0  # MTP projection and norms
-                r[lm] += dense / tp
-                r["expert" if lm == "dense" else lm] += experts if moe else 0.0
-                r["dense"] += adapters[moe] if adapters else 0.0
-                r["decoder"] += dense / tp + (experts if moe else 0.0)
-                # Block recompute covers the first recompute_num_layers of each chunk, uniform all.
-                recomputed = m.recompute_granularity == "full" and (
-                    m.recompute_method != "block" or in_chunk < group
-                )
-                in_chunk += 1
-                acts[rank][stage] += kept_input if recomputed else layer_act[moe]
-                acts[rank][stage] += 8 * h * tokens / sp_div if c == "m" else 0  # MTP norms, concat
-                if recomputed:
-                    working = layer_act[moe] * (1 if m.recompute_method == "block" else group)
-                    r["working"] = max(r["working"], working)
-                r["working"] = max(r["working"], rebuilt[moe])  # one layer's, in its backward
-            elif c == "E":
-                r[lm] += count.embedding / tp
-                r["frozen" if m.vision and m.vision.freeze_vision else "dense"] += vision_enc / tp
-                r["dense"] += vision_proj / tp
-                acts[rank][stage] += vision_act
-            elif c == "L":
-                tied_copy = count.embedding if count.output == 0 and rank != e_rank else 0
-                r[lm] += (count.output + tied_copy + count.final_norm) / tp
-                heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
-                r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
+        if c in "tm":
+            dense = moe_dense if moe else count.dense_per_layer
+            dense += 2 * h * h + 3 * layers.norm(m, h) if c == "m" else 0  # MTP projection, norms
+            r[lm] += dense / tp
+            r["expert" if lm == "dense" else lm] += experts if moe else 0.0
+            r["dense"] += adapters[moe] if adapters else 0.0
+            r["decoder"] += dense / tp + (experts if moe else 0.0)
+            acts[rank][stage] += kept_input if recomputed else layer_act[moe]
+            acts[rank][stage] += 8 * h * tokens / sp_div if c == "m" else 0  # MTP norms, concat
+            if recomputed:
+                working = layer_act[moe] * (1 if m.recompute_method == "block" else group)
+                r["working"] = max(r["working"], working)
+            r["working"] = max(r["working"], rebuilt[moe])  # one layer's, in its backward
+        elif c == "E":
+            r[lm] += count.embedding / tp
+            r["frozen" if m.vision and m.vision.freeze_vision else "dense"] += vision_enc / tp
+            r["dense"] += vision_proj / tp
+            acts[rank][stage] += vision_act
+        elif c == "L":
+            tied_copy = count.embedding if count.output == 0 and rank != e_rank else 0
+            r[lm] += (count.output + tied_copy + count.final_norm) / tp
+            heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
+            r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
     weight_bytes, _, grad_bytes, opt_bytes = bytes_per_parameter(cfg, derived.preset)
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group, expert_group = (dp * par.context_parallel_size, edp or 1) if sharded else (1, 1)

@@ -14,7 +14,7 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   expert receives) run further from the peak. The output layer and attention stay in BF16.
 - attention: the causal score and value FLOPs (config/estimate.py) at the flash-attention rate.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
-  passes over the bytes a layer saves for its backward (config/estimate.py), at HBM bandwidth.
+  passes over the bytes a layer saves for its backward (config/layers.py), at HBM bandwidth.
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
 - cp: the ring exchange of keys and values (and their gradients) across CP, less the attention it
   hides behind.
@@ -51,15 +51,8 @@ from functools import lru_cache
 from itertools import combinations
 from math import comb
 
-from config.estimate import (
-    ParamCount,
-    _attention,
-    _head_dim,
-    _layer_activations,
-    _mlp,
-    count_parameters,
-    model_flops_per_token,
-)
+from config import layers
+from config.estimate import ParamCount, count_parameters, model_flops_per_token
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.layout import warmup_forwards
@@ -149,12 +142,12 @@ def layer_costs(
 
     hbm = spec.hbm_gb_s * 1e9
     sp = t if par.sequence_parallel and t > 1 else 1
-    att_mm = _attention(m)[0]
+    att_mm = layers.attention(m)[0]
     if m.multi_latent_attention:
         d_qk, d_v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
         kv_width = m.num_attention_heads * (d_qk + d_v) / t  # MLA with CP exchanges full K and V
     else:
-        d_qk = d_v = _head_dim(m)
+        d_qk = d_v = layers.head_dim(m)
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
     attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
     attention /= spec.bf16_tflops * 1e12 * k["attention"] / (1 + k["attention_half_len"] * c / s)
@@ -163,16 +156,16 @@ def layer_costs(
     cp = max(0.0, cp - attention)
 
     def memory(is_moe: bool) -> float:
-        outside, inside = _layer_activations(m, is_moe, lin)
+        outside, inside = layers.layer_activations(m, is_moe, lin)
         passes = k["memory_passes"] * tokens * (outside / sp + inside / t)
         if kind != "bf16":  # FP8 casts of every linear layer's input (the bytes at 1 per element)
-            o0, i0 = _layer_activations(m, is_moe, 0)
+            o0, i0 = layers.layer_activations(m, is_moe, 0)
             passes += k["fp8_cast_bytes"] * tokens * ((outside - o0) / sp + (inside - i0) / t)
         return passes / hbm
 
     attn_gemm = gemm(6 * tokens * att_mm / t, tokens, h / t, h, rate)
     ffn = m.ffn_hidden_size
-    mlp_gemm = gemm(6 * tokens * _mlp(m, ffn)[0] / t, tokens, ffn / t, h, rate)
+    mlp_gemm = gemm(6 * tokens * layers.mlp(m, ffn)[0] / t, tokens, ffn / t, h, rate)
     dense = {
         "gemm": attn_gemm + mlp_gemm,
         "attention": attention,
@@ -204,9 +197,9 @@ def layer_costs(
         E, topk = m.num_moe_experts, m.moe_router_topk
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
-        flops = 6 * tokens * topk * _mlp(m, fe)[0] / t
+        flops = 6 * tokens * topk * layers.mlp(m, fe)[0] / t
         experts = gemm(flops, per_expert, fe / et, h, rate, k["expert_half_dim"])
-        shared = gemm(6 * tokens * _mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
+        shared = gemm(6 * tokens * layers.mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0
         if e > 1:  # each alltoall moves the rank's tokens x top-k hidden vectors in BF16
@@ -349,24 +342,18 @@ def rank_loads(
 ) -> tuple[tuple[float, ...], ...]:
     """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
     dense selective, moe selective) layer counts, from the chunks and the recompute fields."""
-    granularity, method, group = recompute
     loads = [[0.0] * 9 for _ in range(pp)]
-    layer = 0
-    for index, chunk in enumerate(chunks):
-        load, in_chunk = loads[index % pp], 0
-        for c in chunk:
-            if c == "E":
-                load[5] += 1
-            elif c == "L":
-                load[6] += 1
-            else:
-                is_moe = (layer if c == "t" else num_layers) >= first_moe
-                layer += c == "t"
-                full = granularity == "full" and (method != "block" or in_chunk < group)
-                in_chunk += 1
-                load[(1 if is_moe else 0) + (2 if full else 0)] += 1
-                load[4] += c == "m"
-                load[8 if is_moe else 7] += granularity == "selective"
+    selective = recompute[0] == "selective"
+    for rank, _, c, is_moe, full in layers.walk(chunks, pp, first_moe, num_layers, recompute):
+        load = loads[rank]
+        if c == "E":
+            load[5] += 1
+        elif c == "L":
+            load[6] += 1
+        else:
+            load[(1 if is_moe else 0) + (2 if full else 0)] += 1
+            load[4] += c == "m"
+            load[8 if is_moe else 7] += selective
     return tuple(tuple(load) for load in loads)
 
 
@@ -412,9 +399,9 @@ def predict(
     pp = par.pipeline_model_parallel_size
     vpp = len(chunks) // pp
     moe = bool(m.num_moe_experts)
-    first_moe = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
+        first_moe = layers.first_moe_layer(m)
         loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
     selective = selective_terms(costs, selective_modules(m))
     weights = (*costs.per_slot, *(sum(t.values()) for t in selective))

@@ -1,6 +1,6 @@
 """Launching a checked recipe: where it runs (executors) and with what environment.
 
-    profile.py   the cluster profile (--cluster PATH, TOML): account, partition, time, mounts, ...
+    profile.py   the cluster profile (--profile NAME|FILE, TOML): account, partition, time, mounts, ...
     env.py       environment variables by owner (recipe, launcher, profile) and secrets by name
     mounts.py    container mounts: host paths inside the container, refusing unmounted outputs
     local.py     the local executor: NeMo-Run's LocalExecutor running torchrun in the foreground

@@ -1,4 +1,5 @@
-"""A cluster profile: everything about *where* a job runs, in one TOML file (`--cluster PATH`).
+"""A cluster profile: everything about *where* a job runs, in one TOML file (`--profile FILE`, or
+the NAME of one in launchers/profiles/; `--cluster` is an alias).
 
 Recipes say what to train; the profile says how this cluster wants jobs: the Slurm account and
 partition, the wall time, the container image and mounts (or the venv), and the fabric variables
@@ -8,6 +9,10 @@ Values are strict too, since any of them may reach a generated script: no contro
 newline ends an #SBATCH line, and Slurm reads no option after the next command), no secrets (named
 in the error, never shown), `time` in Slurm's formats and a margin sbatch --signal can take.
 `check_profile` runs on load, on `replace`, and again on the profile a job is rendered with.
+
+`job_cluster` sizes the job every command judges and launches (`recipes check`, `plan`, `run` on
+every executor, the NeMo-Run entry points): the command line, then the profile, then the recipe's
+published run.
 
     executor = "slurm"                       # slurm | slurm-apptainer | slurm-bare | local
     account = "llm"
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.hardware import Cluster
 from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
@@ -48,6 +54,7 @@ TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 # invisible in review. A tab included: no profile value needs one.
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_SIGNAL_S = 0xFFFF  # sbatch --signal=USR1@T refuses T above 65535 seconds
+SHIPPED = Path(__file__).resolve().parent / "profiles"  # the profiles `--profile NAME` finds
 
 
 @dataclass(kw_only=True, slots=True)
@@ -331,20 +338,109 @@ def check_run_name(name: str, key: str = "name") -> None:
         raise ConfigError(problems)
 
 
+def profile_path(profile: str | Path) -> Path:
+    """The TOML file of `--profile NAME|FILE`: a file that exists, else a profile shipped in
+    launchers/profiles/ by its name (`slurm` is launchers/profiles/slurm.toml)."""
+    path = Path(profile).expanduser()
+    shipped = SHIPPED / f"{profile}.toml"
+    if not path.is_file() and path.name == str(profile) and shipped.is_file():
+        return shipped
+    return path
+
+
 def load_profile(path: str | Path) -> Profile:
-    """Read and check a profile TOML; raises ConfigError naming every bad key."""
-    path = Path(path)
+    """Read and check a profile (a TOML file, or a shipped profile's name); raises ConfigError
+    naming every bad key."""
+    path = profile_path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        names = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.toml")))
         raise ConfigError(
-            [("--cluster", f"no profile at {path}; see launchers/profiles/ for examples")]
+            [
+                (
+                    "--profile",
+                    f"no profile at {path}: name a TOML file, or a profile in launchers/profiles/ "
+                    f"({names})",
+                )
+            ]
         ) from None
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError([("--cluster", f"{path} is not valid TOML: {err}")]) from None
+        raise ConfigError([("--profile", f"{path} is not valid TOML: {err}")]) from None
     return from_toml(data, source=path.name)
 
 
 def replace(profile: Profile, **changes: Any) -> Profile:
     """A checked copy with some fields changed (e.g. the executor chosen on the command line)."""
     return check_profile(dataclasses.replace(profile, **changes))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSize:
+    """The job's size as a command gives it (`--nodes`, `--gpus-per-node`, `--gpu`,
+    `--nvlink-domain`, `recipes run --device`); None is not given."""
+
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    gpu: str | None = None  # a GPU kind (config/hardware.py GPUS) or "cpu"
+    nvlink_domain: int | None = None  # GPUs joined by NVLink; None: the GPU kind's, else a node
+    device: str | None = None  # "cpu": the CPU smoke mode whatever the GPU kind; "cuda": GPUs
+
+
+CPU_NODES, CPU_PROCESSES = 1, 2  # the CPU mode of a recipe published for GPUs: one node, 2 ranks
+
+
+def job_cluster(
+    published: Cluster | None, profile: Profile | None = None, size: JobSize | None = None
+) -> Cluster:
+    """The cluster a command judges and launches on: each value from `size` (the command line),
+    else the profile's default, else the recipe's `published` run (None for a config outside the
+    catalog: then the command or the profile must give it).
+
+    The CPU mode (`device="cpu"`, or the GPU kind resolving to "cpu" without `device="cuda"`) runs
+    a recipe published for GPUs on one node of two processes unless the command or the profile
+    says otherwise, not on its GPU count. A count of 0 or less is kept, for the checker to refuse
+    with the field's name.
+    """
+    size = size or JobSize()
+    prof = profile or Profile(executor="local")
+    kind = size.gpu or prof.gpu or (published.gpu if published else None)
+    cpu = size.device == "cpu" or (size.device is None and kind == "cpu")
+    cpu_default = cpu and (published is None or published.gpu != "cpu")
+
+    def first(*values: int | None) -> int | None:  # 0 counts as given: the checker refuses it
+        return next((v for v in values if v is not None), None)
+
+    nodes = first(
+        size.nodes,
+        prof.nodes,
+        CPU_NODES if cpu_default else None,
+        published.num_nodes if published else None,
+    )
+    per_node = first(
+        size.gpus_per_node,
+        prof.gpus_per_node,
+        CPU_PROCESSES if cpu_default else None,
+        published.gpus_per_node if published else None,
+    )
+    gpu = "cpu" if cpu else kind
+    if nodes is None or per_node is None or gpu is None:
+        raise ConfigError(
+            [
+                (key, f"not given: pass {flag}, or set {key} in the cluster profile")
+                for key, flag, value in (
+                    ("nodes", "--nodes N", nodes),
+                    ("gpus_per_node", "--gpus-per-node G", per_node),
+                    ("gpu", "--gpu KIND", gpu),
+                )
+                if value is None
+            ]
+        )
+    return Cluster(
+        num_nodes=nodes,
+        gpus_per_node=per_node,
+        gpu=gpu,
+        nvlink_domain=first(
+            size.nvlink_domain, prof.nvlink_domain, published.nvlink_domain if published else None
+        ),
+    )

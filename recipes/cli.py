@@ -12,16 +12,28 @@ import json
 import sys
 from pathlib import Path
 
-from config.hardware import GPUS
+from config.hardware import GPUS, Cluster
 from config.tree import ConfigError, to_dict, to_yaml
 from data.cli import add_data_parser, cmd_data
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
-from recipes.plan_text import render as render_plans
-from recipes.registry import all_recipes, resolve
+from launchers.profile import EXECUTORS, JobSize, Profile, job_cluster, load_profile
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.advice.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
+from recipes.advice.plan_text import render as render_plans
+from recipes.registry import Recipe, all_recipes, resolve
+
+# What a profile gives `check` and `plan`: the cluster `recipes run --profile` would judge.
+SIZES = (
+    "cluster profile (a TOML file, or a name in launchers/profiles/): its GPU kind, GPUs per node, "
+    "NVLink domain and nodes, as `recipes run --profile` takes them"
+)
 
 
-def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
+def _add_profile_arg(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--profile", "--cluster", dest="profile", metavar="NAME|FILE", help=text)
+
+
+def _add_cluster_args(parser: argparse.ArgumentParser, profile_text: str) -> None:
+    _add_profile_arg(parser, profile_text)
     parser.add_argument(
         "--nodes", type=int, help="number of nodes (default: the recipe's published run)"
     )
@@ -50,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=100")
         p.add_argument("--json", action="store_true")
         if name == "check":
-            _add_cluster_args(p)
+            _add_cluster_args(p, SIZES)
 
     p = sub.add_parser("plan", help="rank layouts (TP, PP, VPP, CP, EP) by predicted step time")
     p.add_argument("recipe")
@@ -63,18 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=MEMORY_MARGIN,
         help=f"share of GPU memory a plan leaves free (default {MEMORY_MARGIN})",
     )
-    _add_cluster_args(p)
+    _add_cluster_args(p, SIZES)
 
     p = sub.add_parser("run", help="check, then launch a recipe")
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*")
-    _add_cluster_args(p)
-    p.add_argument(
-        "--executor", choices=["local", "slurm", "slurm-apptainer", "slurm-bare"], default="local"
+    _add_cluster_args(
+        p,
+        "cluster profile (a TOML file, or a name in launchers/profiles/): the executor, account, "
+        "wall time, container or venv, and the job's default size",
     )
-    p.add_argument(
-        "--cluster", dest="profile", help="cluster profile (TOML) for the Slurm executors"
-    )
+    p.add_argument("--executor", choices=EXECUTORS, default="local")
     p.add_argument(
         "--device", choices=["cpu", "cuda"], help="cpu runs the CPU smoke mode over gloo"
     )
@@ -86,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--root", action="append", type=Path, help="a folder of run directories (default ./runs)"
     )
-    p.add_argument("--cluster", dest="profile", help="cluster profile: list its run_root")
+    _add_profile_arg(p, "cluster profile: list its run_root too")
     p = sub.add_parser(
         "import", help="Hugging Face folder -> Megatron dist checkpoint (a checkpoints folder)"
     )
@@ -147,9 +158,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_size(args: argparse.Namespace) -> JobSize:
+    """The size options of `check`, `plan` and `run` (only `run` has --device)."""
+    return JobSize(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu=args.gpu,
+        nvlink_domain=args.nvlink_domain,
+        device=getattr(args, "device", None),
+    )
+
+
+def sized(recipe: Recipe, args: argparse.Namespace) -> tuple[Cluster, Profile | None]:
+    """The cluster `check` and `plan` judge, as `recipes run` with the same options would."""
+    profile = load_profile(args.profile) if args.profile else None
+    return job_cluster(recipe.cluster, profile, job_size(args)), profile
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
-    report = check(cfg, recipe.sized(args.nodes, args.gpus_per_node, args.gpu, args.nvlink_domain))
+    report = check(cfg, sized(recipe, args)[0], pinned=pinned(cfg, args.overrides))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
 
@@ -158,7 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the plans, 2 when the recipe is invalid whatever the layout, 3 when no layout
     fits."""
     recipe, cfg = resolve(args.recipe, args.overrides)
-    cluster = recipe.sized(args.nodes, args.gpus_per_node, args.gpu, args.nvlink_domain)
+    cluster, profile = sized(recipe, args)
     if cluster.gpu == "cpu":
         raise ConfigError(
             [("--gpu", "is cpu; plan prices GPU layouts: name a GPU kind, e.g. --gpu h100")]
@@ -190,7 +218,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([p.to_json() for p in plans], indent=2))
     else:
-        print(render_plans(cfg, cluster, plans, priced, args.recipe, args.overrides))
+        executor = profile.executor if profile else None
+        user = args.overrides
+        print(render_plans(cfg, cluster, plans, priced, args.recipe, user, args.profile, executor))
     return 0 if plans else EXIT_NO_FIT
 
 
@@ -208,7 +238,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from recipes.launch import run_command
 
-    return run_command(args)
+    return run_command(
+        args.recipe,
+        args.overrides,
+        job_size(args),
+        executor=args.executor,
+        profile=args.profile,
+        shrink=args.shrink,
+        dryrun=args.dryrun,
+        chain=args.chain,
+    )
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

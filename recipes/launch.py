@@ -13,7 +13,6 @@ NeMo-Run paths (recipes/nemo.py: the Checks plugin, `nemo recipes pretrain`) cal
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from datetime import UTC, datetime
@@ -25,11 +24,13 @@ from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides, to_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
-from launchers.profile import Profile, load_profile, replace
+from launchers.profile import JobSize, Profile, job_cluster, load_profile, replace
 from launchers.resume import check_resume
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.registry import Recipe, get
-from recipes.shrink import cpu_substitutes, fit_to_world, shrink
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
+from recipes.advice.plan import pinned as pinned_fields
+from recipes.registry import get
+from recipes.shrink import cpu_substitutes, fit_to_world
+from recipes.shrink import shrink as shrink_model
 
 
 class Refused(Exception):
@@ -42,7 +43,12 @@ class Refused(Exception):
 
 
 def prepare(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, cwd: Path | None = None
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    profile: Profile,
+    cwd: Path | None = None,
+    *,
+    pinned: dict[str, object] | None = None,
 ) -> Path:
     """The pre-launch steps every launch path shares (`recipes run`, the NeMo-Run plugin and the
     `nemo recipes` entry point in recipes/nemo.py), in order; returns the run directory.
@@ -51,7 +57,8 @@ def prepare(
     input files where the ranks will look (launchers/inputs.py); the run directory (a new
     runs/<recipe>-<UTC time> unless logging.run_dir); whether a checkpoint there can be resumed with
     this config (launchers/resume.py), before any config.yaml is written. ConfigError names the
-    field of anything else.
+    field of anything else. `pinned`: the layout fields the command line set, which the checker's
+    suggestions keep (recipes/advice/plan.py `pinned`).
     """
     if profile.executor == "local" and cfg.resilience.ft_launcher:
         raise ConfigError(
@@ -64,7 +71,7 @@ def prepare(
                 )
             ]
         )
-    report = check(cfg, cluster)
+    report = check(cfg, cluster, pinned=pinned)
     on_cpu = cfg.train.device == "cpu"
     if report.exit_code == EXIT_INVALID or (report.exit_code == EXIT_NO_FIT and not on_cpu):
         raise Refused(render(report), report.exit_code)
@@ -77,32 +84,44 @@ def prepare(
     return run_dir
 
 
-def run_command(args: argparse.Namespace) -> int:
-    profile = _profile(args)
-    recipe = get(args.recipe)
-    cluster = cluster_for(recipe, args, profile)
-    cfg = recipe.config()
-    if args.device == "cuda":
+def run_command(
+    recipe: str,
+    overrides: list[str],
+    size: JobSize,
+    *,
+    executor: str = "local",
+    profile: str | None = None,
+    shrink: bool = False,
+    dryrun: bool = False,
+    chain: int = 1,
+) -> int:
+    """`recipes run RECIPE [OVERRIDES...]`: the job's size, the executor (`executor` other than
+    local overrides the profile's), `--shrink`, `--dryrun` and `--chain K`; the exit code."""
+    prof = _profile(executor, profile)
+    found = get(recipe)
+    cluster = job_cluster(found.cluster, prof, size)
+    cfg = found.config()
+    if size.device == "cuda":
         cfg.train.device = "cuda"
     elif cluster.gpu == "cpu":
         cfg.train.device = "cpu"  # the CPU smoke mode: gloo, no FP8, no memory limit to check
-    if args.shrink:
-        cfg = shrink(cfg)
+    if shrink:
+        cfg = shrink_model(cfg)
         if cfg.train.device == "cpu":
             for change in cpu_substitutes(cfg) + fit_to_world(cfg, cluster.world_size):
                 print(f"shrink: {change}")
     # The user's overrides come last: they win over what --shrink chose (train.max_steps=20).
-    apply_overrides(cfg, args.overrides)
-    if profile.executor == "local":
-        check_local(cluster.num_nodes, args.chain)
+    apply_overrides(cfg, overrides)
+    if prof.executor == "local":
+        check_local(cluster.num_nodes, chain)
     try:
-        run_dir = prepare(cfg, cluster, profile)
+        run_dir = prepare(cfg, cluster, prof, pinned=pinned_fields(cfg, overrides))
     except Refused as refused:
         print(refused.text)
         return refused.exit_code
-    if profile.executor == "local":
-        return _run_local(cfg, cluster, profile, run_dir, args)
-    return _run_slurm(cfg, cluster, profile, run_dir, args)
+    if prof.executor == "local":
+        return _run_local(cfg, cluster, prof, run_dir, dryrun)
+    return _run_slurm(cfg, cluster, prof, run_dir, dryrun, chain)
 
 
 def check_local(nodes: int, chain: int = 1) -> None:
@@ -118,46 +137,25 @@ def check_local(nodes: int, chain: int = 1) -> None:
         )
 
 
-def _profile(args: argparse.Namespace) -> Profile:
-    """The cluster profile; --executor other than the default `local` overrides its executor."""
-    if args.profile:
-        profile = load_profile(args.profile)
-        if args.executor != "local" and args.executor != profile.executor:
-            profile = replace(profile, executor=args.executor)
+def _profile(executor: str, path: str | None) -> Profile:
+    """The cluster profile; an executor other than the default `local` overrides its executor."""
+    if path:
+        profile = load_profile(path)
+        if executor != "local" and executor != profile.executor:
+            profile = replace(profile, executor=executor)
         return profile
-    if args.executor in ("slurm", "slurm-apptainer"):
+    if executor in ("slurm", "slurm-apptainer"):
         raise ConfigError(
             [
                 (
-                    "--cluster",
-                    f"--executor {args.executor} needs a cluster profile with container_image and mounts; see launchers/profiles/{args.executor}.toml",
+                    "--profile",
+                    f"--executor {executor} needs a cluster profile with container_image and mounts: --profile FILE, see launchers/profiles/{executor}.toml",
                 )
             ]
         )
-    if args.executor == "slurm-bare":  # default: this interpreter's venv, on a shared filesystem
+    if executor == "slurm-bare":  # default: this interpreter's venv, on a shared filesystem
         return replace(Profile(executor="slurm-bare"), venv=sys.prefix)
     return Profile(executor="local")
-
-
-def cluster_for(recipe: Recipe, args: argparse.Namespace, profile: Profile) -> Cluster:
-    """Job size: command line, then profile, then the recipe's published cluster. On the CPU a
-    recipe published for GPUs defaults to one node with two processes, not its GPU count."""
-    published_on_cpu = recipe.cluster.gpu == "cpu"
-    cpu = args.device == "cpu" or (
-        args.device is None and (args.gpu or profile.gpu or recipe.cluster.gpu) == "cpu"
-    )
-
-    def first(*values: int | None) -> int | None:  # 0 counts as given: the checker refuses it
-        return next((v for v in values if v is not None), None)
-
-    return recipe.sized(
-        nodes=first(args.nodes, profile.nodes, None if published_on_cpu or not cpu else 1),
-        gpus_per_node=first(
-            args.gpus_per_node, profile.gpus_per_node, None if published_on_cpu or not cpu else 2
-        ),
-        gpu="cpu" if cpu else (args.gpu or profile.gpu),
-        nvlink_domain=first(getattr(args, "nvlink_domain", None), profile.nvlink_domain),
-    )
 
 
 def describe_env(plan: EnvPlan) -> str:
@@ -173,7 +171,7 @@ def describe_env(plan: EnvPlan) -> str:
 
 
 def _run_local(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, run_dir: Path, args: argparse.Namespace
+    cfg: TrainingConfig, cluster: Cluster, profile: Profile, run_dir: Path, dryrun: bool
 ) -> int:
     from launchers import local
 
@@ -181,7 +179,7 @@ def _run_local(
     plan = plan_env(cfg, profile.fabric, profile.env, os.environ)
     executor = local.local_executor(cluster.gpus_per_node, local.process_env(plan, os.environ))
     script = local.entry_script(local.config_argument(run_dir / paths.CONFIG_FILE))
-    if args.dryrun:
+    if dryrun:
         print(to_yaml(cfg), end="")
         print(f"# launch ({cluster.gpus_per_node} ranks, NeMo-Run LocalExecutor):")
         print(local.dryrun_command(executor, script))
@@ -196,7 +194,12 @@ def _run_local(
 
 
 def _run_slurm(
-    cfg: TrainingConfig, cluster: Cluster, profile: Profile, run_dir: Path, args: argparse.Namespace
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    profile: Profile,
+    run_dir: Path,
+    dryrun: bool,
+    chain: int,
 ) -> int:
     from launchers import sbatch
     from launchers.slurm import slurm_job
@@ -210,13 +213,13 @@ def _run_slurm(
         user_env=os.environ,
     )
     text = sbatch.render(job)
-    if args.dryrun:
+    if dryrun:
         print(to_yaml(ranks_cfg), end="")
         print(f"# {job.script_path}")
         print(text, end="")
-        if args.chain > 1:
+        if chain > 1:
             print(
-                f"# then {args.chain - 1} more: sbatch --dependency=afterany:<previous job id> {job.script_path}"
+                f"# then {chain - 1} more: sbatch --dependency=afterany:<previous job id> {job.script_path}"
             )
         print(f"dry run: nothing submitted; the run would go to {run_dir}")
         return 0
@@ -224,7 +227,7 @@ def _run_slurm(
     script = sbatch.write(job)
     print(describe_env(job.env))
     try:
-        ids = sbatch.submit(script, chain=args.chain)
+        ids = sbatch.submit(script, chain=chain)
     except (OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -41,7 +41,7 @@ from config.hardware import Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import plan_env
-from launchers.profile import Profile, load_profile, replace
+from launchers.profile import JobSize, Profile, job_cluster, load_profile, profile_path, replace
 from recipes.registry import all_recipes, get
 from training.entry import pretrain
 
@@ -101,13 +101,14 @@ def is_recipe(task: Any) -> bool:
 
 
 def load(profile: str | Path | None) -> tuple[Profile, str | None]:
-    """A profile and its absolute path: a TOML path, or None / "local" for this machine."""
+    """A profile and its absolute path: a TOML path or a shipped profile's name
+    (launchers/profiles/), or None / "local" for this machine."""
     if profile is None or str(profile) == "local":
         return Profile(executor="local"), None
-    path = os.path.abspath(os.path.expanduser(str(profile)))
+    path = os.path.abspath(profile_path(profile))
     if shlex.quote(path) != path:  # NeMo-Run writes env_vars into its sbatch script unquoted
         problem = f"{path!r}: keep a profile at a path without spaces or shell characters"
-        raise ConfigError([("--cluster", problem)])
+        raise ConfigError([("--profile", problem)])
     return load_profile(path), path
 
 
@@ -118,7 +119,7 @@ def executor(
     gpus_per_node: int | None = None,
     device: str | None = None,
 ) -> nr.Executor:
-    """The NeMo-Run executor `recipes run --cluster PROFILE` would launch with.
+    """The NeMo-Run executor `recipes run --profile PROFILE` would launch with.
 
     `profile`: None or "local" (this machine: LocalExecutor + torchrun), or a cluster profile TOML
     (launchers/profiles/): slurm (pyxis), slurm-apptainer (srun runs `apptainer exec`), slurm-bare
@@ -183,18 +184,13 @@ def profile_of(executor: nr.Executor) -> Profile | None:
 
 
 def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> Cluster:
-    """Nodes and processes from the executor; the GPU kind from `gpu`, else the profile's, else the
-    recipe's published one (the CPU for a recipe published there); the CPU when train.device is."""
-    nodes = getattr(executor, "nodes", 1)
-    per_node = getattr(executor, "ntasks_per_node", 1)
-    if cfg.train.device == "cpu":
-        return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
-    profile = profile_of(executor)
+    """The cluster `recipes run` would judge (launchers/profile.py `job_cluster`): nodes and
+    processes from the executor; the GPU kind from `gpu`, else the profile's, else the recipe's
+    published one (the CPU for a recipe published there); the CPU when train.device is."""
     published = all_recipes().get(cfg.name)
-    kind = gpu or (profile.gpu if profile else None) or (published and published.cluster.gpu)
-    if kind == "cpu":  # a recipe published for the CPU: the CPU mode, as `recipes run` does
-        return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
-    if not kind:
+    profile = profile_of(executor)
+    device = cfg.train.device if cfg.train.device in ("cpu", "cuda") else None
+    if not (published or gpu or (profile and profile.gpu) or device == "cpu"):
         raise ConfigError(
             [
                 (
@@ -203,7 +199,13 @@ def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> C
                 )
             ]
         )
-    return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
+    size = JobSize(
+        nodes=getattr(executor, "nodes", 1),
+        gpus_per_node=getattr(executor, "ntasks_per_node", 1),
+        gpu=gpu,
+        device=device,
+    )
+    return job_cluster(published.cluster if published else None, profile, size)
 
 
 @dataclass(kw_only=True)
@@ -235,7 +237,7 @@ class Checks(nr.Plugin):
             cfg.train.device = "cpu"  # gloo, no FP8, no memory limit to check
         profile = profile_of(executor)
         if profile is None:  # no launcher of ours: the checker only
-            from recipes.check import check, render
+            from recipes.advice.check import check, render
 
             report = check(cfg, cluster)
             if not report.valid:
@@ -298,12 +300,15 @@ def run(
 
 
 def _default_executor(task: nr.Partial) -> nr.Executor:
+    """The local executor on this machine's one node, sized as `recipes run` sizes the recipe."""
     cfg = from_partial(task)
     recipe = all_recipes().get(cfg.name)
-    per_node = recipe.cluster.gpus_per_node if recipe else 1
-    if cfg.train.device == "cpu" or (recipe and recipe.cluster.gpu == "cpu"):
-        return executor(gpus_per_node=per_node, device="cpu")
-    return executor(gpus_per_node=per_node)
+    if recipe is None:  # a config outside the catalog: one process, the Checks plugin names the GPU
+        return executor(gpus_per_node=1, device="cpu" if cfg.train.device == "cpu" else None)
+    device = "cpu" if cfg.train.device == "cpu" else None
+    cluster = job_cluster(recipe.cluster, None, JobSize(nodes=1, device=device))
+    on_cpu = cluster.gpu == "cpu"
+    return executor(gpus_per_node=cluster.gpus_per_node, device="cpu" if on_cpu else None)
 
 
 def _add_with_checks(add: Any) -> Any:
@@ -366,10 +371,7 @@ def cli_task(factory: str | None, args: list[str]) -> tuple[nr.Partial, nr.Execu
     `config.parallel...`), and `executor=local|PROFILE.toml` with `executor.nodes=`,
     `executor.gpus_per_node=`, `executor.device=cpu|cuda`, `executor.gpu=KIND`. Sizes default as in
     `recipes run`: the profile's, then the recipe's published run (on the CPU: 1 node x 2)."""
-    import argparse
-
     from config.tree import suggest
-    from recipes.launch import cluster_for
 
     if not factory:
         raise ConfigError(
@@ -391,16 +393,30 @@ def cli_task(factory: str | None, args: list[str]) -> tuple[nr.Partial, nr.Execu
             overrides.append(arg.removeprefix("config."))
     cfg = apply_overrides(recipe.config(), overrides)
     profile = load(where)[0]
-    sizes = {k: int(options[k]) if k in options else None for k in ("nodes", "gpus_per_node")}
-    ns = argparse.Namespace(
-        **sizes, gpu=options.get("gpu"), device=options.get("device"), nvlink_domain=None
+    size = JobSize(
+        nodes=_count(options, "nodes"),
+        gpus_per_node=_count(options, "gpus_per_node"),
+        gpu=options.get("gpu"),
+        device=options.get("device"),
     )
-    cluster = cluster_for(recipe, ns, profile)
-    device = "cpu" if cluster.gpu == "cpu" else ns.device
+    cluster = job_cluster(recipe.cluster, profile, size)
+    device = "cpu" if cluster.gpu == "cpu" else size.device
     ex = executor(
         where, nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node, device=device
     )
     return partial(cfg), ex, Checks(gpu=None if cluster.gpu == "cpu" else cluster.gpu)
+
+
+def _count(options: dict[str, str], key: str) -> int | None:
+    """executor.<key>=N as an int (None when not given)."""
+    if key not in options:
+        return None
+    try:
+        return int(options[key])
+    except ValueError:
+        raise ConfigError(
+            [(f"executor.{key}", f"{options[key]!r} is not a whole number, e.g. executor.{key}=2")]
+        ) from None
 
 
 @dataclass(kw_only=True)

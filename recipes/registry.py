@@ -32,23 +32,6 @@ class Recipe:
         cfg.name = self.name
         return cfg
 
-    def sized(
-        self,
-        nodes: int | None = None,
-        gpus_per_node: int | None = None,
-        gpu: str | None = None,
-        nvlink_domain: int | None = None,
-    ) -> Cluster:
-        """The published cluster with the given values in its place (None keeps the published
-        one; 0 or a negative count is kept too, for the checker to refuse)."""
-        base = self.cluster
-        return Cluster(
-            num_nodes=base.num_nodes if nodes is None else nodes,
-            gpus_per_node=base.gpus_per_node if gpus_per_node is None else gpus_per_node,
-            gpu=gpu or base.gpu,
-            nvlink_domain=nvlink_domain,
-        )
-
 
 _RECIPES: dict[str, Recipe] = {}
 

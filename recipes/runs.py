@@ -1,6 +1,6 @@
 """`recipes runs`: the past runs, read from their run directories; no torch, no NeMo-Run.
 
-A run directory is any folder under the roots (./runs, or `--cluster PROFILE`'s run_root, or
+A run directory is any folder under the roots (./runs, or `--profile PROFILE`'s run_root, or
 `--root DIR`) holding a config.yaml. For each: the recipe, the state, the step reached out of
 train.max_steps, the last loss (training/metrics.py `read_metrics`), the newest complete
 checkpoint, and how it was launched (launch.json, written by `recipes run`: the NeMo-Run

@@ -1,5 +1,5 @@
 """Published NVIDIA training runs on H100s, as catalog recipes with overrides: what the step-time
-model (config/perf.py) is calibrated on and the planner (recipes/plan.py) is held to.
+model (config/perf.py) is calibrated on and the planner (recipes/advice/plan.py) is held to.
 
 The first six are /work/shared/PUBLISHED_LAYOUTS.md. The others come from NVIDIA's DGX Cloud
 benchmarking READMEs (github.com/NVIDIA/dgxc-benchmarking), which publish a step time and the total

@@ -31,12 +31,13 @@ from hypothesis import strategies as st
 
 from config.schema import Range, TrainingConfig
 from config.tree import ConfigError, apply_overrides, field_types, get_path, out_of_range
-from recipes.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
+from launchers.profile import JobSize, job_cluster
+from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
 from recipes.cli import main
 from recipes.registry import resolve
 from tests.test_engine import ONE_CPU, losses, one_rank, tiny  # noqa: F401 (one_rank: a fixture)
 
-EXIT_CODES = {EXIT_OK, EXIT_INVALID, EXIT_NO_FIT}  # recipes/check.py, the CLI contract
+EXIT_CODES = {EXIT_OK, EXIT_INVALID, EXIT_NO_FIT}  # recipes/advice/check.py, the CLI contract
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -159,7 +160,7 @@ def test_check_answers_every_value_set_in_python(
     found, cfg = resolve(recipe, [])
     for number, value in changes:
         setattr(number.node(cfg), number.name, value)
-    cluster = found.sized(gpu=options[1] if options else None)
+    cluster = job_cluster(found.cluster, None, JobSize(gpu=options[1] if options else None))
     report = check(cfg, cluster)
     assert report.exit_code in EXIT_CODES
     refused = {n.path for n, v in changes if out_of_range(n.section, n.name, v)}

@@ -18,11 +18,19 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from config.hardware import Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import is_secret, plan_env, recipe_env
 from launchers.local import config_argument, process_env
-from launchers.profile import Profile, from_toml, load_profile, time_to_minutes
+from launchers.profile import (
+    JobSize,
+    Profile,
+    from_toml,
+    job_cluster,
+    load_profile,
+    time_to_minutes,
+)
 from launchers.sbatch import render, submit
 from launchers.slurm import SlurmJob, nemo_executor, slurm_job
 from recipes.registry import get
@@ -100,6 +108,55 @@ def test_profile_file_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("executor = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_profile(tmp_path / "bad.toml")
+
+
+def test_a_shipped_profile_is_found_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_profile("slurm") == load_profile(PROFILES / "slurm.toml")
+    with pytest.raises(ConfigError, match="slurm, slurm-apptainer, slurm-bare") as err:
+        load_profile("slrum")
+    assert err.value.problems[0][0] == "--profile"
+    monkeypatch.chdir(tmp_path)  # a file of that name in the working directory comes first
+    (tmp_path / "slurm").write_text('executor = "local"\n')
+    assert load_profile("slurm").executor == "local"
+
+
+PUBLISHED = Cluster(num_nodes=8, gpus_per_node=8, gpu="h100")
+SITE = Profile(executor="slurm-bare", venv="/v", nodes=2, gpus_per_node=4, gpu="a100")
+
+
+@pytest.mark.parametrize(
+    ("published", "profile", "size", "expected"),
+    [
+        (PUBLISHED, None, JobSize(), Cluster(8, 8, "h100")),
+        (PUBLISHED, SITE, JobSize(), Cluster(2, 4, "a100")),  # the profile's defaults
+        (PUBLISHED, SITE, JobSize(nodes=1, gpu="h200"), Cluster(1, 4, "h200")),  # the command's
+        (PUBLISHED, None, JobSize(nvlink_domain=4), Cluster(8, 8, "h100", nvlink_domain=4)),
+        (PUBLISHED, None, JobSize(nodes=0), Cluster(0, 8, "h100")),  # for the checker to refuse
+        # The CPU mode of a GPU recipe: one node of two processes, unless told otherwise.
+        (PUBLISHED, None, JobSize(gpu="cpu"), Cluster(1, 2, "cpu")),
+        (PUBLISHED, None, JobSize(device="cpu"), Cluster(1, 2, "cpu")),
+        (PUBLISHED, SITE, JobSize(device="cpu"), Cluster(2, 4, "cpu")),
+        (PUBLISHED, None, JobSize(device="cpu", gpus_per_node=4), Cluster(1, 4, "cpu")),
+        # A recipe published on the CPU keeps its size; --device cuda keeps its kind.
+        (Cluster(1, 2, "cpu"), None, JobSize(), Cluster(1, 2, "cpu")),
+        (Cluster(1, 2, "cpu"), None, JobSize(gpu="h100"), Cluster(1, 2, "h100")),
+        (Cluster(1, 2, "cpu"), None, JobSize(device="cuda"), Cluster(1, 2, "cpu")),
+        # A config outside the catalog: the command and the profile give it all.
+        (None, SITE, JobSize(), Cluster(2, 4, "a100")),
+    ],
+)
+def test_job_size_comes_from_the_command_then_the_profile_then_the_recipe(
+    published: Cluster | None, profile: Profile | None, size: JobSize, expected: Cluster
+) -> None:
+    assert job_cluster(published, profile, size) == expected
+
+
+def test_a_job_size_nobody_gives_is_named() -> None:
+    with pytest.raises(ConfigError) as err:
+        job_cluster(None, None, JobSize(nodes=1))
+    assert [field for field, _ in err.value.problems] == ["gpus_per_node", "gpu"]
 
 
 @pytest.mark.parametrize(
@@ -371,7 +428,7 @@ def test_slurm_dryrun_prints_config_and_script(tmp_path: Path) -> None:
 
 def test_containerised_run_needs_a_profile() -> None:
     out = recipes("tiny_gpt_pretrain", "--executor", "slurm", "--dryrun")
-    assert out.returncode == 2 and "--cluster" in out.stderr
+    assert out.returncode == 2 and "--profile" in out.stderr
 
 
 def test_local_config_argument_is_relative_when_it_can_be(tmp_path: Path) -> None:

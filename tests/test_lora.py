@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from config.hardware import Cluster
-from recipes.check import check
+from recipes.advice.check import check
 from recipes.cli import main
 from recipes.registry import resolve
 from tests.hf_oracle import engine_from_hf, gpt_logits, hf_config

@@ -13,7 +13,7 @@ from config.finalize import finalize
 from config.hardware import Cluster
 from config.rules import validate
 from launchers.env import recipe_env
-from recipes.plan import plan
+from recipes.advice.plan import plan
 from recipes.registry import resolve
 
 A2A = "parallel.overlap_moe_expert_parallel_comm=true"

@@ -321,12 +321,121 @@ def test_recipes_run_and_nemo_run_share_the_pre_launch_steps(
 
     seen, real = [], launch.prepare
 
-    def spy(cfg, cluster, profile, cwd=None):  # noqa: ANN001, ANN202
+    def spy(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
         seen.append((cfg.name, cluster.gpu, profile.executor))
-        return real(cfg, cluster, profile, cwd)
+        return real(cfg, cluster, profile, cwd, **kw)
 
     monkeypatch.setattr(launch, "prepare", spy)
     monkeypatch.chdir(tmp_path)
     assert main(["run", "tiny_gpt_pretrain", "train.max_steps=6", "--dryrun"]) == 0
     rn.run(rn.partial("tiny_gpt_pretrain", ["train.max_steps=6"]), cpu_executor(), dryrun=True)
     assert seen == [("tiny_gpt_pretrain", "cpu", "local")] * 2
+
+
+# --- one job size for every command -------------------------------------------------------------
+
+SIZED_PROFILE = """executor = "slurm-bare"
+venv = "{venv}"
+gpu = "a100"
+gpus_per_node = 4
+nodes = 2
+nvlink_domain = 2
+"""
+
+
+def judged(
+    monkeypatch: pytest.MonkeyPatch, recipe: str, options: list[str], nemo_args: list[str]
+) -> dict[str, object]:
+    """The cluster each command judges for the same recipe, profile and sizes: `recipes check`,
+    `recipes plan`, `recipes run --dryrun`, and `nemo recipes pretrain` (its Checks plugin)."""
+    import contextlib
+    import io
+
+    import recipes.cli as cli
+    import recipes.launch as launch
+    from config.hardware import Cluster
+
+    seen: dict[str, object] = {}
+
+    def spy(name: str, real: object, result: object = None) -> object:
+        def record(cfg, cluster, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+            seen[name] = cluster
+            return result if result is not None else real(cfg, cluster, *args, **kw)
+
+        return record
+
+    monkeypatch.setattr(cli, "check", spy("check", cli.check))
+    monkeypatch.setattr(cli, "plan", spy("plan", cli.plan, ([], 0)))
+    where = ["run"]
+
+    def stop(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen[where[0]] = cluster
+        raise Refused("", 0)
+
+    monkeypatch.setattr(launch, "prepare", stop)  # every launch path's pre-launch steps
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli.main(["check", recipe, *options])
+        cli.main(["run", recipe, *options, "--dryrun"])
+        if "cpu" not in options:  # plan prices GPUs only
+            cli.main(["plan", recipe, *options])
+    where[0] = "nemo recipes pretrain"
+    task, ex, checks = rn.cli_task(recipe, nemo_args)
+    with pytest.raises(Refused):
+        checks.setup(task, ex)
+    assert all(isinstance(c, Cluster) for c in seen.values())
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("options", "nemo_args", "expected"),
+    [
+        ([], [], (2, 4, "a100", 2)),  # the profile's size and GPU kind
+        (
+            ["--nodes", "1", "--gpu", "h100"],
+            ["executor.nodes=1", "executor.gpu=h100"],
+            (1, 4, "h100", 2),
+        ),
+        (["--gpus-per-node", "8"], ["executor.gpus_per_node=8"], (2, 8, "a100", 2)),
+    ],
+)
+def test_every_command_judges_the_cluster_the_profile_and_options_give(
+    options: list[str],
+    nemo_args: list[str],
+    expected: tuple,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    profile = tmp_path / "site.toml"
+    profile.write_text(SIZED_PROFILE.format(venv=sys.prefix))
+    monkeypatch.chdir(tmp_path)
+    seen = judged(
+        monkeypatch,
+        "llama3_8b_pretrain",
+        ["--profile", str(profile), *options],
+        [f"executor={profile}", *nemo_args],
+    )
+    assert set(seen) == {"check", "plan", "run", "nemo recipes pretrain"}
+    sizes = {
+        name: (c.num_nodes, c.gpus_per_node, c.gpu, c.nvlink_domain) for name, c in seen.items()
+    }
+    assert sizes == dict.fromkeys(seen, expected)
+
+
+def test_the_cpu_mode_judges_one_node_of_two_processes_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe published for 8 GPUs, on the CPU: `check --gpu cpu`, `run`, `nemo recipes pretrain`
+    and `rn.run`'s default executor all judge (and start) 2 processes on one node, not 8."""
+    monkeypatch.chdir(tmp_path)
+    seen = judged(monkeypatch, "llama3_8b_pretrain", ["--gpu", "cpu"], ["executor.device=cpu"])
+    import recipes.launch as launch
+
+    def stop(cfg, cluster, profile, cwd=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen["rn.run, its default executor"] = cluster
+        raise Refused("", 0)
+
+    monkeypatch.setattr(launch, "prepare", stop)
+    with pytest.raises(Refused):
+        rn.run(rn.partial("llama3_8b_pretrain", ["train.device=cpu"]), dryrun=True)
+    sizes = {name: (c.num_nodes, c.gpus_per_node, c.gpu) for name, c in seen.items()}
+    assert sizes == dict.fromkeys(seen, (1, 2, "cpu")), sizes

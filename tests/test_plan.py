@@ -17,9 +17,8 @@ from config.finalize import finalize
 from config.hardware import Cluster
 from config.perf import predict
 from config.tree import apply_overrides
-from recipes.check import check
-from recipes.cli import main
-from recipes.plan import (
+from recipes.advice.check import check
+from recipes.advice.plan import (
     MEMORY_MARGIN,
     MICRO_BATCHES,
     _apply,
@@ -29,6 +28,7 @@ from recipes.plan import (
     plan,
     shapes,
 )
+from recipes.cli import main
 from recipes.registry import resolve
 
 H100 = Cluster(1, 8, "h100")
@@ -132,7 +132,7 @@ def test_enumeration_covers_every_layout_check_accepts() -> None:
 def test_fields_on_the_command_line_are_pinned() -> None:
     pins = ["parallel.tensor_model_parallel_size=8", "train.micro_batch_size=1"]
     _, cfg = resolve("llama3_70b_pretrain", pins)
-    from recipes.plan import pinned
+    from recipes.advice.plan import pinned
 
     plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins))[0]
     assert plans
@@ -143,7 +143,7 @@ def test_fields_on_the_command_line_are_pinned() -> None:
 def test_sequence_parallel_pinned_off_stays_off() -> None:
     pins = ["parallel.sequence_parallel=false"]
     _, cfg = resolve("llama3_70b_pretrain", pins)
-    from recipes.plan import pinned
+    from recipes.advice.plan import pinned
 
     plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins), top=3)[0]
     assert plans and all(pins[0] in p.overrides for p in plans)

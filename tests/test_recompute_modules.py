@@ -9,6 +9,8 @@ and costs, NVIDIA's published choice of modules, and the planner's use of them.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from config.estimate import estimate_memory
@@ -18,8 +20,8 @@ from config.perf import predict
 from config.rules import validate
 from config.schema import TrainingConfig
 from config.tree import apply_overrides
-from recipes.check import check
-from recipes.plan import overrides, plan
+from recipes.advice.check import check
+from recipes.advice.plan import overrides, plan
 from recipes.registry import resolve
 from tests.test_validation import H100x8, llama_like
 
@@ -137,19 +139,20 @@ def test_the_planner_recomputes_modules_where_they_fit_best() -> None:
         assert report.valid and report.fits, (p.overrides, report.problems)
 
 
-def test_check_shows_the_recompute_and_suggests_full_recompute_without_the_modules() -> None:
-    from recipes.check import _candidates, render
+def test_check_shows_the_recompute_and_suggests_recompute_that_applies_as_printed() -> None:
+    """What `check` suggests changes the recompute modules with the granularity (full recompute
+    or none refuses the selective ones): every suggestion, applied as printed, passes `check`."""
+    from recipes.advice.check import render
 
     _, cfg = resolve("deepseek_v3_pretrain", [])
     assert "recompute selective: mla_up_proj,mlp" in render(check(cfg, H100x1024)).splitlines()
-    full = [c for c in _candidates(cfg, H100x1024) if "model.recompute_granularity=full" in c]
-    assert full == [
-        [
-            "model.recompute_granularity=full",
-            "model.recompute_method=uniform",
-            "model.recompute_num_layers=1",
-            "model.recompute_modules=None",
-        ]
-    ]
-    apply_overrides(cfg, full[0])
-    assert validate(cfg, H100x1024) == []
+    small = Cluster(num_nodes=128, gpus_per_node=8, gpu="a100-40g")
+    report = check(cfg, small)
+    assert report.exit_code == 3 and report.fixes
+    for fix in report.fixes:
+        words = fix.split("  (predicted", 1)[0].split()
+        assert words[0] != "--nodes", fix  # it fits on these nodes
+        trial = apply_overrides(copy.deepcopy(cfg), words)
+        if trial.model.recompute_granularity != "selective":
+            assert "model.recompute_modules=None" in words, fix
+        assert check(trial, small, suggest_fixes=False).exit_code == 0, fix

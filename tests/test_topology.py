@@ -12,7 +12,7 @@ import json
 import pytest
 
 from config.hardware import Cluster
-from recipes.check import check
+from recipes.advice.check import check
 from recipes.cli import main
 from recipes.registry import resolve
 
@@ -37,10 +37,10 @@ def test_tp_across_two_nodes_warns_with_a_layout_that_keeps_it_inside(
     ]
     message = report["warnings"][0]["message"]
     assert "TP=8 spans NVLink domains of 4 GPUs" in message and "9x less" in message
-    fix = "parallel.tensor_model_parallel_size=4 parallel.pipeline_model_parallel_size=2"
-    assert fix in message
-    _, cfg = resolve("llama3_8b_pretrain", [*TP8[1:], *fix.split()])
-    assert check(cfg, Cluster(2, 4, "h100")).valid  # the suggestion is itself valid
+    fix = message.split("Keep TP within a domain: ", 1)[1].split(" fits (", 1)[0].split()
+    _, cfg = resolve("llama3_8b_pretrain", [*TP8, *fix])
+    report = check(cfg, Cluster(2, 4, "h100"))  # the suggestion is valid, fits, keeps TP inside
+    assert report.exit_code == 0 and not report.warnings, fix
 
 
 def test_tp_inside_a_node_or_an_nvl72_rack_does_not_warn() -> None:

@@ -1,14 +1,13 @@
 """`recipes check`: validate a resolved recipe on a cluster and predict whether it fits.
 
 Exit codes (the CLI contract): 0 valid and predicted to fit, 2 invalid, 3 valid but predicted not to
-fit in GPU memory. When a config does not fit, the same estimate is tried on a few changes a
-researcher would make (more TP or PP, the distributed optimizer, recompute) and those that fit are
-suggested.
+fit in GPU memory. When a config does not fit, the planner's fastest layouts that do are suggested;
+a group that leaves its NVLink domain is warned about with the planner's fastest layout that keeps
+it inside (suggest.py): `recipes plan` with the same overrides gives the same answers.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from config.estimate import MemoryEstimate, estimate_memory, model_flops_per_token
@@ -17,6 +16,7 @@ from config.hardware import Cluster
 from config.rules import Problem, validate
 from config.rules.topology import topology
 from config.schema import TrainingConfig, selective_modules
+from recipes.advice.suggest import fixes, keep_inside
 
 EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
 
@@ -91,7 +91,16 @@ def _breakdown(mem: MemoryEstimate) -> dict[str, float]:
     return {part: round(getattr(mem, f"{part}_gib"), 2) for part in parts}
 
 
-def check(cfg: TrainingConfig, cluster: Cluster, *, suggest_fixes: bool = True) -> Report:
+def check(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    *,
+    pinned: dict[str, object] | None = None,
+    suggest_fixes: bool = True,
+) -> Report:
+    """Validate `cfg` on `cluster` and estimate its memory; with `suggest_fixes`, the topology
+    warnings and, when it does not fit, the planner's layouts that do, within the `pinned` fields
+    (recipes/advice/plan.py `pinned`: what the command line set, as `recipes plan` pins them)."""
     derived = finalize(cfg, cluster)
     problems = validate(cfg, cluster, derived)
     memory = estimate_memory(cfg, cluster, derived) if not problems else None
@@ -102,61 +111,11 @@ def check(cfg: TrainingConfig, cluster: Cluster, *, suggest_fixes: bool = True) 
     )
     report = Report(cfg, cluster, derived, problems, memory, flops)
     if report.valid and suggest_fixes:
-        report.warnings = topology(cfg, cluster, derived)
+        warnings = topology(cfg, cluster, derived)
+        report.warnings = [keep_inside(cfg, cluster, w, pinned) for w in warnings]
     if report.valid and not report.fits and suggest_fixes:
-        report.fixes = fixes_that_fit(cfg, cluster)
+        report.fixes = fixes(cfg, cluster, pinned)
     return report
-
-
-def _candidates(cfg: TrainingConfig, cluster: Cluster) -> list[list[str]]:
-    par = cfg.parallel
-    tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
-    out: list[list[str]] = []
-    if not cfg.optimizer.use_distributed_optimizer:
-        out.append(["optimizer.use_distributed_optimizer=true"])
-    for new_tp in (2, 4, 8):
-        if tp < new_tp <= cluster.gpus_per_node:
-            for new_pp in (pp, 2 * pp, 4 * pp, 8 * pp, 16 * pp):
-                out.append(
-                    [
-                        f"parallel.tensor_model_parallel_size={new_tp}",
-                        "parallel.sequence_parallel=true",
-                    ]
-                    + ([f"parallel.pipeline_model_parallel_size={new_pp}"] if new_pp != pp else [])
-                )
-    for new_pp in (2 * pp, 4 * pp, 8 * pp, 16 * pp):
-        out.append([f"parallel.pipeline_model_parallel_size={new_pp}"])
-    if cfg.model.recompute_granularity != "full":
-        full = ["model.recompute_granularity=full", "model.recompute_method=uniform"]
-        full.append("model.recompute_num_layers=1")
-        # Selective recompute's modules go with it (the checker refuses them without it).
-        out.append(full + (["model.recompute_modules=None"] if cfg.model.recompute_modules else []))
-    return out
-
-
-def fixes_that_fit(cfg: TrainingConfig, cluster: Cluster, limit: int = 3) -> list[str]:
-    """Up to `limit` changes, fewest nodes and smallest change first, predicted to fit.
-
-    Each is a set of overrides (plus `--nodes N` where the job must grow), checked with the same
-    rules and estimate as the config itself, so a suggestion is never itself invalid.
-    """
-    from config.tree import apply_overrides
-
-    found: list[str] = []
-    for nodes in (cluster.num_nodes * k for k in (1, 2, 4, 8, 16, 32, 64)):
-        bigger = Cluster(num_nodes=nodes, gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu)
-        for overrides in [[]] * (nodes != cluster.num_nodes) + _candidates(cfg, bigger):
-            trial = copy.deepcopy(cfg)
-            apply_overrides(trial, overrides)
-            report = check(trial, bigger, suggest_fixes=False)
-            if report.valid and report.fits:
-                change = ([f"--nodes {nodes}"] if nodes != cluster.num_nodes else []) + overrides
-                found.append(f"{' '.join(change)}  (predicted {report.memory.total_gib:.1f} GiB)")
-                if len(found) == limit:
-                    return found
-        if found:
-            return found
-    return found
 
 
 def render(report: Report) -> str:
@@ -210,7 +169,8 @@ def render(report: Report) -> str:
             lines += [f"  {fix}" for fix in report.fixes]
         else:
             lines.append(
-                "no single change tried (TP, PP, distributed optimizer, recompute) makes it fit; use more GPUs"
+                "no layout fits (`recipes plan`), not even on 64 times the nodes; use GPUs with "
+                "more memory, or a smaller model, batch or sequence"
             )
     else:
         lines.append("")

@@ -1,5 +1,5 @@
-"""`recipes plan`'s table and the `recipes run` command of its first plan (recipes/plan.py finds
-the plans)."""
+"""`recipes plan`'s table and the `recipes run` command of its first plan (plan.py finds the
+plans)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,31 @@ import shlex
 
 from config.hardware import Cluster
 from config.schema import TrainingConfig
-from recipes.plan import Plan, overrides
+from recipes.advice.plan import Plan
 
 
-def command(name: str, cfg: TrainingConfig, cluster: Cluster, user: list[str], p: Plan) -> str:
-    """`recipes run` with the user's overrides and the plan's fields that differ from `cfg`."""
-    current = dict(item.split("=", 1) for item in overrides(cfg))
-    changed = [o for o in p.overrides if current[o.split("=", 1)[0]] != o.split("=", 1)[1]]
-    size = (
-        f"--nodes {cluster.num_nodes} --gpus-per-node {cluster.gpus_per_node} --gpu {cluster.gpu}"
-    )
+def command(
+    name: str,
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    user: list[str],
+    p: Plan,
+    profile: str | None = None,
+    executor: str | None = None,
+) -> str:
+    """`recipes run` with the user's overrides, the plan's fields that differ from `cfg`, the
+    cluster it was planned for and the profile it came from (`executor`: the profile's)."""
+    changed = p.changes(cfg)
+    size = [
+        *("--nodes", str(cluster.num_nodes), "--gpus-per-node", str(cluster.gpus_per_node)),
+        *("--gpu", cluster.gpu),
+        *(("--nvlink-domain", str(cluster.nvlink_domain)) if cluster.nvlink_domain else ()),
+    ]
+    where = ["--profile", profile] if profile else []
     # The local executor runs one node: several need Slurm (slurm-bare needs no cluster profile).
-    executor = ["--executor slurm-bare"] if cluster.num_nodes > 1 else []
-    return " ".join(["recipes run", name, *map(shlex.quote, [*user, *changed]), size, *executor])
+    if cluster.num_nodes > 1 and (executor or "local") == "local":
+        where += ["--executor", "slurm-bare"]
+    return " ".join(["recipes run", *map(shlex.quote, [name, *user, *changed, *size, *where])])
 
 
 def render(
@@ -29,7 +41,11 @@ def render(
     priced: int,
     recipe_name: str,
     user: list[str],
+    profile: str | None = None,
+    executor: str | None = None,
 ) -> str:
+    """The table of `plans`, and the `recipes run` command of the first (with `profile`, the
+    cluster profile the plan was sized by, and its executor)."""
     lines = [
         f"recipe   {cfg.name}",
         f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
@@ -69,9 +85,9 @@ def render(
         lines += [
             "",
             "run the first with:",
-            "  " + command(recipe_name, cfg, cluster, user, plans[0]),
+            "  " + command(recipe_name, cfg, cluster, user, plans[0], profile, executor),
         ]
-        if cluster.num_nodes > 1:
+        if cluster.num_nodes > 1 and not profile:
             lines.insert(
                 -2,
                 "(slurm-bare runs this environment on the nodes; for a container use --executor "

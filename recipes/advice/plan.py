@@ -24,6 +24,7 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from config import layers
 from config import layout as layouts
 from config.estimate import (
     GIB,
@@ -47,6 +48,7 @@ from config.perf import (
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
 from config.rules.moe_overlap import layout_obstacles
+from config.rules.topology import group_block
 from config.schema import TrainingConfig
 
 # The recompute fields, in the order of the planner's recompute tuples.
@@ -111,6 +113,11 @@ class Plan:
         """The layout, and "FSDP" where Megatron-FSDP replaces Megatron DDP."""
         return self.shape.describe() + ("  FSDP" if f"{FSDP}=true" in self.overrides else "")
 
+    def changes(self, cfg: TrainingConfig) -> list[str]:
+        """The plan's overrides that differ from `cfg`: what turns `cfg` into this plan."""
+        current = overrides(cfg)
+        return [o for o in self.overrides if o not in current]
+
     def to_json(self) -> dict:
         name, share = self.step.bottleneck
         return {
@@ -153,19 +160,27 @@ def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | Non
     return out
 
 
-def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> Iterator[Shape]:
-    """Every layout that divides the cluster and the model, within the pinned fields."""
+def shapes(
+    cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object], inside: str | None = None
+) -> Iterator[Shape]:
+    """Every layout that divides the cluster and the model, within the pinned fields; with
+    `inside` (a field config/rules/topology.py warns about), only those whose group stays inside
+    an NVLink domain."""
     m, world = cfg.model, cluster.world_size
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
 
     def choices(name: str, values: list) -> list:
         return [pinned[PAR + name]] if PAR + name in pinned else values
 
+    def leaves(shape: Shape) -> bool:
+        block = group_block(inside, shape.tp, shape.cp, shape.ep, shape.etp or shape.tp)
+        return cluster.crosses(block)
+
     # TP stays inside an NVLink domain: across domains it is what `check` warns about.
     tps = [
         t
-        for t in _powers(min(world, cluster.domain, 64))
-        if heads % t == 0 and (groups % t == 0 or t % groups == 0)
+        for t in _powers(min(world, 64))
+        if not cluster.crosses(t) and heads % t == 0 and (groups % t == 0 or t % groups == 0)
     ]
     cps = [c for c in _powers(min(world, 16)) if m.seq_length % (2 * c) == 0 or c == 1]
     experts = m.num_moe_experts or 0
@@ -176,6 +191,8 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
             for pp in choices(
                 "pipeline_model_parallel_size", _divisors(world // (tp * cp), m.num_layers)
             ):
+                if pp < 1 or (world // (tp * cp)) % pp:
+                    continue  # a pinned PP that does not divide the ranks left
                 pipelines = _pipelines(cfg, pp)
                 if PAR + "pipeline_model_parallel_layout" in pinned:
                     layout = pinned[PAR + "pipeline_model_parallel_layout"]
@@ -185,7 +202,9 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
                     pipelines = [p for p in pipelines if p[0] == vpp]
                 for vpp, layout in pipelines:
                     if not experts:
-                        yield Shape(tp, cp, pp, vpp, layout, 1, None)
+                        shape = Shape(tp, cp, pp, vpp, layout, 1, None)
+                        if not (inside and leaves(shape)):
+                            yield shape
                         continue
                     for etp in choices("expert_tensor_parallel_size", sorted({1, tp})):
                         per_stage = world // pp
@@ -193,7 +212,9 @@ def shapes(cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object]) -> 
                             e for e in _divisors(experts, per_stage) if per_stage % (e * etp) == 0
                         ]
                         for ep in choices("expert_model_parallel_size", eps):
-                            yield Shape(tp, cp, pp, vpp, layout, ep, etp)
+                            shape = Shape(tp, cp, pp, vpp, layout, ep, etp)
+                            if not (inside and leaves(shape)):
+                                yield shape
 
 
 def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
@@ -286,8 +307,7 @@ class _FastDerived:
         etp = shape.etp or shape.tp
         key = (*where, recompute)
         if key not in self.loads:
-            moe = bool(m.num_moe_experts)
-            first = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
+            first = layers.first_moe_layer(m)
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
             self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
@@ -316,9 +336,11 @@ def plan(
     top: int = 5,
     pinned: dict | None = None,
     margin: float = MEMORY_MARGIN,
+    inside: str | None = None,
 ) -> tuple[list[Plan], int]:
     """The `top` fastest layouts that `check` accepts and predicts to fit, and how many layouts
-    (with micro batch sizes) were priced."""
+    (with micro batch sizes) were priced. `inside`: a field config/rules/topology.py warns about
+    (TP, CP for TP x CP, EP for ETP x EP): only layouts that keep its group in an NVLink domain."""
     pinned = pinned or {}
     work = copy.deepcopy(cfg)
     if "optimizer.use_distributed_optimizer" not in pinned:  # Megatron-Core's shards Adam only
@@ -344,7 +366,7 @@ def plan(
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
     a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
-    for shape in shapes(cfg, cluster, pinned):
+    for shape in shapes(cfg, cluster, pinned, inside):
         recompute = _recomputes(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:

@@ -1,0 +1,142 @@
+"""One engine for the CLI's layout advice: what `recipes check` suggests is what `recipes plan`
+ranks.
+
+`check` suggests layouts in two places: the changes that make a config fit ("predicted to fit
+with") and, in a topology warning, a layout that keeps a group inside its NVLink domain. Both come
+from the planner (recipes/advice/suggest.py), so for the same command line they are `plan`'s
+answers. A short list of changes of its own would miss what the planner finds: Llama 3 8B on four
+A100-40G fits on those four with TP 4 and full recompute, no second node needed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from config.finalize import finalize
+from config.hardware import Cluster
+from config.rules.topology import group_block, topology
+from recipes.advice.check import check
+from recipes.advice.plan import overrides, pinned, plan, shapes
+from recipes.cli import main
+from recipes.registry import resolve
+
+A100_40G = ["--gpu", "a100-40g"]
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object]:
+    code = main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def changes(recipe: str, user: list[str], plan_overrides: list[str]) -> list[str]:
+    """A plan's overrides that differ from the recipe with the user's overrides."""
+    _, cfg = resolve(recipe, user)
+    current = overrides(cfg)
+    return [o for o in plan_overrides if o not in current]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "user", "size"),
+    [
+        ("llama3_8b_pretrain", [], [*A100_40G, "--nodes", "1", "--gpus-per-node", "4"]),
+        ("llama3_8b_pretrain", [], [*A100_40G, "--nodes", "2", "--gpus-per-node", "8"]),
+        # A pinned field stays pinned in both.
+        (
+            "llama3_8b_pretrain",
+            ["parallel.tensor_model_parallel_size=2"],
+            [*A100_40G, "--nodes", "1", "--gpus-per-node", "8"],
+        ),
+        ("mixtral_8x7b_pretrain", [], A100_40G),
+    ],
+)
+def test_checks_suggestions_are_plans_first_layouts(
+    recipe: str, user: list[str], size: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = cli_json(capsys, "check", recipe, *user, *size)
+    assert code == 3 and report["fixes"], report
+    suggested = [fix.split("  (predicted", 1)[0].split() for fix in report["fixes"]]
+    code, plans = cli_json(capsys, "plan", recipe, *user, *size, "--top", str(len(suggested)))
+    assert code == 0
+    assert suggested == [changes(recipe, user, p["overrides"]) for p in plans]
+
+
+def test_where_nothing_fits_check_grows_the_job_as_plan_on_more_nodes_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Llama 3 70B without TP and PP on one node: nothing fits on 8 GPUs; the suggestion names
+    the nodes, and `plan` there ranks the same layout first."""
+    user = [
+        "parallel.tensor_model_parallel_size=1",
+        "parallel.pipeline_model_parallel_size=1",
+        "parallel.virtual_pipeline_model_parallel_size=None",
+        "parallel.sequence_parallel=false",
+    ]
+    code, report = cli_json(capsys, "check", "llama3_70b_pretrain", *user, "--nodes", "1")
+    first = report["fixes"][0].split("  (predicted", 1)[0].split()
+    assert code == 3 and first[0] == "--nodes", report["fixes"]
+    nodes = first[1]
+    code, plans = cli_json(capsys, "plan", "llama3_70b_pretrain", *user, "--nodes", nodes)
+    assert code == 0 and first[2:] == changes("llama3_70b_pretrain", user, plans[0]["overrides"])
+    # On the cluster asked for, `plan` agrees that no layout fits.
+    code, plans = cli_json(capsys, "plan", "llama3_70b_pretrain", *user, "--nodes", "1")
+    assert code == 3 and plans == []
+
+
+@pytest.mark.parametrize(
+    ("recipe", "user", "cluster", "field"),
+    [
+        (
+            "llama3_8b_pretrain",
+            ["parallel.tensor_model_parallel_size=8", "parallel.context_parallel_size=1"],
+            Cluster(2, 4, "h100"),
+            "parallel.tensor_model_parallel_size",
+        ),
+        (
+            "qwen3_30b_a3b_pretrain",
+            [],
+            Cluster(2, 8, "h100"),
+            "parallel.expert_model_parallel_size",
+        ),
+        (
+            "llama3_8b_pretrain",
+            ["parallel.tensor_model_parallel_size=4"],
+            Cluster(2, 8, "h100", nvlink_domain=4),
+            "parallel.context_parallel_size",
+        ),
+    ],
+)
+def test_the_topology_warnings_layout_is_one_plan_offers(
+    recipe: str, user: list[str], cluster: Cluster, field: str
+) -> None:
+    """The layout a warning suggests is the first of `plan`'s layouts (without the pinned field
+    the warning is about) that keeps the group inside an NVLink domain."""
+    _, cfg = resolve(recipe, user)
+    report = check(cfg, cluster, pinned=pinned(cfg, user))
+    (warning,) = [w for w in report.warnings if w.field == field]
+    suggested = warning.message.split(" within a domain: ", 1)[1].split(" fits (", 1)[0].split()
+    others = [o for o in user if not o.startswith(field + "=")]
+    plans, _ = plan(cfg, cluster, top=20, pinned=pinned(cfg, others))
+    inside = [
+        p
+        for p in plans
+        if not cluster.crosses(
+            group_block(field, p.shape.tp, p.shape.cp, p.shape.ep, p.shape.etp or p.shape.tp)
+        )
+    ]
+    assert inside and suggested == inside[0].changes(cfg)
+
+
+def test_the_planner_never_offers_a_tp_group_that_check_warns_about() -> None:
+    """An NVL72 domain of 72 GPUs holds TP 8 groups whole but not TP 16 (72 = 4 x 16 + 8): the
+    planner searches only the TP sizes the topology rule accepts."""
+    _, cfg = resolve("llama31_405b_pretrain_128gpu_gb200_bf16", [])
+    cluster = Cluster(32, 4, "gb200")
+    tps = {shape.tp for shape in shapes(cfg, cluster, {})}
+    assert tps == {1, 2, 4, 8}
+    _, wide = resolve(
+        "llama31_405b_pretrain_128gpu_gb200_bf16", ["parallel.tensor_model_parallel_size=16"]
+    )
+    warned = [w.field for w in topology(wide, cluster, finalize(wide, cluster))]
+    assert warned == ["parallel.tensor_model_parallel_size"]
