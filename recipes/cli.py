@@ -19,7 +19,8 @@ from launchers.profile import EXECUTORS, JobSize, Profile, job_cluster, load_pro
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.advice.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
 from recipes.advice.plan_text import render as render_plans
-from recipes.registry import Recipe, all_recipes, resolve
+from recipes.recipe import Recipe
+from recipes.registry import all_recipes, resolve
 
 # What a profile gives `check` and `plan`: the cluster `recipes run --profile` would judge.
 SIZES = (

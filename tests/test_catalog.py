@@ -15,7 +15,8 @@ import pytest
 from config.finalize import finalize
 from config.hardware import GPUS
 from config.rules import validate
-from recipes.registry import Recipe, all_recipes
+from recipes.recipe import Recipe
+from recipes.registry import all_recipes
 
 RECIPES = all_recipes()
 HAS_ESTIMATE = importlib.util.find_spec("config.estimate") is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from config.schema import ParallelConfig, TrainingConfig
 from models.deepseek import deepseek_v3
 from recipes.base import pretrain
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 FP8_BLOCKWISE = "bf16_with_fp8_subchannel_scaling_mixed"
 MB = "Megatron-Bridge performance summary"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
 from recipes.base import finetune, lora, pretrain
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MXFP8 = "bf16_with_mxfp8_mixed"

@@ -37,7 +37,7 @@ from config.schema import (
     TrainingConfig,
 )
 from models.llava import llava_llama3_8b, tiny_llava
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 PRETRAIN_SOURCE = (
     "NeMo 2 llava_next_7b.pretrain_recipe layout (8 GPUs, TP4, seq 4096, MBS 2) with LLaVA-1.5 "

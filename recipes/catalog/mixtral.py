@@ -11,7 +11,7 @@ from __future__ import annotations
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.mixtral import mixtral_8x7b
 from recipes.base import pretrain
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 NEMO = "NeMo performance summary (recommended_model_configs"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
 from models.qwen import qwen3_8b, qwen3_30b_a3b
 from recipes.base import finetune, lora, pretrain
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 FP8_CS = "bf16_with_fp8_current_scaling_mixed"
 MB = "Megatron-Bridge performance summary"

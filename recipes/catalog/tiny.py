@@ -20,7 +20,7 @@ from config.schema import (
     TrainingConfig,
 )
 from models.tiny import tiny_gpt, tiny_moe
-from recipes.registry import recipe
+from recipes.recipe import recipe
 
 SOURCE = "CPU smoke recipe, not a published run"
 
