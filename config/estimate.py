@@ -49,6 +49,7 @@ from config import layers
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster
 from config.layout import warmup_forwards
+from config.lora import targets
 from config.precision import PrecisionPreset
 from config.schema import ModelConfig, TrainingConfig
 from config.tree import in_range
@@ -226,8 +227,6 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
     one splits A [rank, in / TP] and keeps B [out, rank] whole. The MLP's layers exist in a MoE
     layer only as its shared expert (routed experts are not adapted).
     """
-    from config.rules.peft import targets
-
     m, tp, rank = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.peft.rank
     d = layers.head_dim(m)
     hq = m.num_attention_heads * d

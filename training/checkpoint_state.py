@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from config.hf import is_hf_folder
 from config.layout import layout_problems, resume_layout
-from config.rules.peft import is_adapter
+from config.lora import is_adapter
 from config.schema import TrainingConfig
 from config.tree import ConfigError, to_dict
 from training.checkpoint_dirs import FSDP_SHARDING

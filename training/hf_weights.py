@@ -25,7 +25,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factor
 from megatron.core.transformer.module import MegatronModule
 
 from config.hf import differences, read_config
-from config.rules.peft import is_adapter
+from config.lora import is_adapter
 from config.schema import ModelConfig
 from models.hf.gpt import alias
 from models.hf.mapping import Node, read, shape_of

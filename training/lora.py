@@ -46,7 +46,7 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from config.rules.peft import is_adapter, targets
+from config.lora import is_adapter, targets
 from config.schema import TrainingConfig
 
 

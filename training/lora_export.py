@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from config.hf import CONFIG_FILE, is_hf_folder
-from config.rules.peft import ADAPTER_NAMES
+from config.lora import ADAPTER_NAMES
 from models.hf.mapping import Assembler, split
 from training import checkpoint_dirs as dirs
 from training.checkpoint_state import safe_loading
