@@ -52,8 +52,12 @@ def claim_siblings() -> None:
         spec = importlib.util.spec_from_file_location(
             name, init, submodule_search_locations=[str(init.parent)]
         )
-        if spec is None or spec.loader is None:  # pragma: no cover - every install ships them
-            raise ImportError(f"the project's package '{name}' is missing: {init}", name=name)
+        if spec is None or spec.loader is None or not init.is_file():
+            raise ImportError(
+                f"the project's package '{name}' is missing beside recipes: no {init}; "
+                "reinstall the project (pip install -e .)",
+                name=name,
+            )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:

@@ -283,5 +283,7 @@ def test_recipes_run_trains_from_the_folder(folder: Path) -> None:
     done = run_in(folder, cmd, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
+    steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1]
