@@ -2,7 +2,8 @@
 
 - The recipe owns process knobs (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, TORCH_NCCL_*): they follow
   from the config (TP/CP overlap, DP overlap), so `recipe_env` derives them from it.
-- The launcher owns the knobs of torchrun itself (its log level).
+- The launcher owns the knobs of torchrun itself (its log level) and of the ranks' interpreter
+  (PYTHONSAFEPATH: the working directory stays off sys.path).
 - The cluster profile owns fabric knobs ([fabric]: NCCL_IB_*, NCCL_SOCKET_IFNAME, UCX_*, FI_*) and
   other site variables ([env]: HF_HOME, TRITON_CACHE_DIR ...). Neither table may set a recipe's knob.
 - A variable already set in the user's environment wins over all of them: generated scripts write
@@ -132,8 +133,15 @@ def recipe_env(cfg: TrainingConfig) -> list[EnvVar]:
 
 
 def launcher_env() -> list[EnvVar]:
-    """torchrun's own knob: its agent logs at INFO repeat every setting on every node."""
-    return [EnvVar("LOGLEVEL", "WARNING", "launcher", "quiet torchrun agent logs")]
+    """The knobs of torchrun and of the ranks' interpreter."""
+    return [
+        # torchrun's agent logs at INFO repeat every setting on every node.
+        EnvVar("LOGLEVEL", "WARNING", "launcher", "quiet torchrun agent logs"),
+        # `python -m training.entry` would put the ranks' working directory first on sys.path,
+        # where a user's config.py, data/ or training.py shadows the project's packages; safe
+        # path leaves it off, and the ranks import the project as installed (or from PYTHONPATH).
+        EnvVar("PYTHONSAFEPATH", "1", "launcher", "the working directory stays off sys.path"),
+    ]
 
 
 def fabric_problems(fabric: Mapping[str, str]) -> list[tuple[str, str]]:

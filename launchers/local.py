@@ -40,12 +40,37 @@ def local_executor(procs_per_node: int, env: Mapping[str, str]) -> Any:
 
 def process_env(plan: EnvPlan, user_env: Mapping[str, str]) -> dict[str, str]:
     """What the executor adds to the inherited environment: defaults the user has not set, and
-    this interpreter's bin/ first on PATH so that torchrun and python are the venv's."""
-    env = plan.process_env(user_env)
-    env["PATH"] = os.pathsep.join(
-        [str(Path(sys.executable).parent), user_env.get("PATH", os.defpath)]
-    )
+    the interpreter's paths (`interpreter_env`)."""
+    return plan.process_env(user_env) | interpreter_env(user_env)
+
+
+def interpreter_env(user_env: Mapping[str, str]) -> dict[str, str]:
+    """PATH and PYTHONPATH of the local ranks: this interpreter's bin/ first on PATH, so that
+    torchrun and python are the venv's, and the project's folder as this process imports it first
+    on PYTHONPATH, so that the ranks run this process's code (their working directory stays off
+    sys.path: PYTHONSAFEPATH, launchers/env.py). A site-packages folder is not put there: on
+    PYTHONPATH it would come before the standard library, and the ranks find it anyway."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {"PATH": os.pathsep.join([bin_dir, user_env.get("PATH", os.defpath)])}
+    root = project_root()
+    if root not in _site_dirs():
+        theirs = [p for p in user_env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+        env["PYTHONPATH"] = os.pathsep.join([root, *theirs])
     return env
+
+
+def project_root() -> str:
+    """The folder holding the `training` package this process imports (and its siblings)."""
+    import training
+
+    return str(Path(training.__file__).resolve().parent.parent)
+
+
+def _site_dirs() -> set[str]:
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return {str(Path(d).resolve()) for d in dirs}
 
 
 def config_argument(config: Path, cwd: Path | None = None) -> str:

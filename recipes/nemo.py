@@ -149,11 +149,12 @@ def executor(
     remembered = {PROFILE_VAR: path} if path else {}
     remembered |= {DEVICE_VAR: device} if device else {}
     if prof.executor == "local":
+        from launchers.local import interpreter_env
         from recipes.launch import check_local
 
         check_local(nodes)
-        path_var = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        env = {"PATH": path_var, **remembered}  # torchrun and python from this venv
+        # torchrun, python and the project's code: this process's (PATH, PYTHONPATH)
+        env = interpreter_env(os.environ) | remembered
         return nr.LocalExecutor(ntasks_per_node=per_node, launcher="torchrun", env_vars=env)
     from launchers.slurm import nemo_slurm_executor
 

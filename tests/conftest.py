@@ -16,6 +16,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The notices a run keeps out of its ranks' logs (training/quiet.py NOISE) are kept out of
+    the warnings summary too, so that what is left there is news (pyproject.toml: the others)."""
+    from training.quiet import NOISE
+
+    for notice in NOISE:
+        if notice.warning is not None:
+            line = f"ignore:{notice.pattern}:{notice.warning.__name__}"
+            config.addinivalue_line("filterwarnings", line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

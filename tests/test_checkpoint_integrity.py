@@ -220,7 +220,9 @@ def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> N
     cfg = tiny(tmp_path / "run", max_steps=3)
     cfg.checkpoint.save_dir = str(save_dir)
     pretrain(cfg)
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    lines = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     event, step = lines
     assert event["event"] == "resumed" and event["step"] == 2 and event["resumed_step"] == 2
     assert event["checkpoint"] == str(save_dir / "iter_0000002")

@@ -114,8 +114,11 @@ def test_null_tokenizer_for_mock_data() -> None:
 
 
 # --- JSONL -> .bin/.idx -------------------------------------------------------------------------
-def test_indexed_round_trip(corpus: dict) -> None:
+def test_indexed_round_trip(corpus: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    # The ranks' reader, read by this one process: rank 0 (it asks, to log on one rank only).
+    monkeypatch.setenv("RANK", "0")
 
     tok = load_tokenizer(corpus["tok"])
     expected = [tok.tokenize(t) + [tok.eod] for t in corpus["texts"] if t]

@@ -109,7 +109,7 @@ def test_train_step_gives_the_recorded_loss(one_rank: None, tmp_path: Path) -> N
     assert abs(first - math.log(256)) < 0.1
     assert rest[-1] < first  # mock documents count upwards: the model picks that up at once
     # No GPU figures on the CPU: there is no accelerator for TFLOP/s or MFU to describe.
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["tflops_per_gpu"] is None and r["mfu"] is None for r in rows)
 
 
@@ -184,7 +184,9 @@ def test_a_rerun_after_a_crash_before_any_checkpoint_logs_each_step_once(
         cfg = tiny(tmp_path, max_steps=max_steps)
         cfg.logging.tensorboard = True
         train(cfg)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
+    steps = [
+        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2]
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()

@@ -66,7 +66,10 @@ def test_lora_trains_adapters_only_and_exports_what_peft_computes(
         ours = gpt_logits(trainer, TOKENS)
     finally:
         trainer.close()
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run/metrics.jsonl").open()]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
     assert losses[-1] < losses[0]
 
     # The checkpoint holds the adapters (and the optimizer's state of them), not the base.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
@@ -231,7 +232,12 @@ def _read_boxes(
             ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         )
         out[key] = target if layer is None else target[0]
-    dcp.load({}, storage_reader=reader, planner=_BoxPlanner(targets, chunks), no_dist=True)
+    with warnings.catch_warnings():
+        # no_dist=True says this process reads alone; torch warns that it assumes so all the same.
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.distributed is disabled", category=UserWarning
+        )
+        dcp.load({}, storage_reader=reader, planner=_BoxPlanner(targets, chunks), no_dist=True)
     return out
 
 

@@ -62,7 +62,10 @@ def test_lora_on_one_gpu_trains_adapters_that_peft_loads(tmp_path: Path) -> None
     assert outcome.error is None, outcome.failure("lora_gpu")
     import json
 
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run/metrics.jsonl").open()]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
     assert losses[-1] < losses[0]
     adapter = tmp_path / "adapter"
     assert main(["export", str(tmp_path / "run" / "checkpoints"), str(adapter), "--adapter"]) == 0
