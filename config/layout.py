@@ -226,7 +226,7 @@ def resume_sharding(state: Mapping[str, Any], cfg: Any) -> str:
 def layout_problems(state: Mapping[str, Any], cfg: Any, checkpoint: str) -> list[Problem]:
     """Why the checkpoint `checkpoint`, whose train_state.json is `state`, cannot be resumed in
     cfg's layout: one problem per changed field that its sharding cannot reload across. The
-    launcher's check (launchers/resume.py) and every rank's resume (training/checkpoint.py)
+    launcher's check (launchers/resume.py) and every rank's resume (training/checkpoint/store.py)
     ask this."""
     sharding = resume_sharding(state, cfg)
     out = []

@@ -26,7 +26,7 @@ from config import paths
 from config.layout import FSDP_SHARDING, layout_problems, resume_sharding
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
-from training import checkpoint_dirs as dirs
+from training.checkpoint import dirs
 
 # Fields that cannot change on resume (a prefix ends with "."), and why.
 FIXED = {
@@ -51,7 +51,7 @@ def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, An
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
-    checkpoint folder another live run holds (training/checkpoint_dirs.py RunLock)."""
+    checkpoint folder another live run holds (training/checkpoint/dirs.py RunLock)."""
     folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
     if busy is not None:
@@ -89,7 +89,7 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
                 "logging.run_dir (or checkpoint.save_dir) to start afresh",
             )
         )
-    # The parallel layout: the same answer every rank's resume gets (training/checkpoint.py).
+    # The parallel layout: the same answer every rank's resume gets (training/checkpoint/store.py).
     problems += [(p.field, p.message) for p in layout_problems(state, cfg, str(path))]
     saved = state.get("config")
     sharding = resume_sharding(state, cfg)

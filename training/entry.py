@@ -59,8 +59,8 @@ def pretrain(
     `collective_timeout`: for every process group once the Trainer has built them (else 30 min).
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
+    from config.cost.steptime import gemm_peak
     from config.finalize import finalize
-    from config.perf import gemm_peak
     from config.rules import validate
     from training.distributed import resolve_device
 
@@ -79,10 +79,10 @@ def pretrain(
         paths.write_run_config(config, run_dir)
 
     from training import distributed
-    from training.checkpoint import Checkpointer
+    from training.checkpoint.store import Checkpointer
     from training.engine import Trainer
-    from training.stop import StopPolicy
-    from training.watchdog import watchdog_for
+    from training.resilience.stop import StopPolicy
+    from training.resilience.watchdog import watchdog_for
 
     owns_group = False
     trainer = stop = None

@@ -10,16 +10,16 @@ ranks, TP x CP consecutive ranks hold a TP group's context-parallel peers, and f
 ETP x EP consecutive ranks hold an alltoall group. With Slurm's block placement, consecutive ranks
 fill a node (or an NVL72 rack) before the next, so a group stays inside an NVLink domain exactly
 when its block of consecutive ranks divides the domain (Cluster.crosses; `group_block` names the
-block of each warning). Each warning gives what the step-time model (config/perf.py) predicts the
+block of each warning). Each warning gives what the step-time model (config/cost/steptime.py) predicts the
 group's traffic costs per step. A layout that keeps the group inside is the planner's to find, at
 the recipes floor (recipes/advice/): `recipes check` adds the fastest one to the warning.
 """
 
 from __future__ import annotations
 
+from config.cost.steptime import StepTime, predict
 from config.finalize import Derived
 from config.hardware import Cluster
-from config.perf import StepTime, predict
 from config.problems import Problem
 from config.schema import TrainingConfig
 
@@ -91,5 +91,5 @@ def _cost(step: StepTime | None, term: str) -> str:
     seconds = step.terms[term]
     return (
         f" (predicted: {seconds:.2f} s of a {step.seconds:.2f} s step exposed, "
-        f"{seconds / step.seconds:.0%}; config/perf.py)"
+        f"{seconds / step.seconds:.0%}; config/cost/steptime.py)"
     )

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from config.cost.steptime import predict
 from config.finalize import finalize
 from config.hardware import Cluster
-from config.perf import predict
 from config.problems import Problem
 from config.rules.topology import CP, EP, GROUPS, TP
 from config.schema import TrainingConfig

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.smoke.conftest import REPO, _env
-from training import checkpoint_dirs as dirs
+from training.checkpoint import dirs
 
 pytestmark = pytest.mark.smoke
 

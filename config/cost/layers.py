@@ -1,0 +1,186 @@
+"""The shape of one transformer layer, and the walk over the layers each pipeline rank holds.
+
+The memory estimate (config/cost/memory.py) and the step-time model (config/cost/steptime.py) price the same
+layers: the same weights, the same saved activations, the same assignment of layers to pipeline
+ranks and of full recompute to layers. Both read them here, so that a layer the estimate counts is
+a layer the step-time model times. Plain Python: `recipes check` and `recipes plan` import it on a
+login node.
+
+- `attention`, `mlp`, `norm`, `head_dim`: parameters of one block, from the model's widths.
+- `layer_activations`, `discarded`: bytes per token one layer saves for its backward, and what
+  selective recompute frees of them (Korthikanti et al. 2022, generalised; see the docstrings).
+- `walk`: every slot of a pipeline layout (embedding, decoder layer, MTP layer, output layer) with
+  its pipeline rank, virtual stage, whether it is an MoE layer and whether full recompute covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from config.schema import ModelConfig, selective_modules
+
+
+def head_dim(m: ModelConfig) -> int:
+    return m.kv_channels or m.hidden_size // m.num_attention_heads
+
+
+def norm(m: ModelConfig, width: int) -> int:
+    """Parameters of one norm over `width` features (LayerNorm has a bias, RMSNorm none)."""
+    return width * (2 if m.normalization == "LayerNorm" else 1)
+
+
+def attention(m: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, norms and biases) of one attention block, its input norm included."""
+    h, heads = m.hidden_size, m.num_attention_heads
+    other = norm(m, h)
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        if m.q_lora_rank:  # queries through a low-rank bottleneck with its own norm
+            mm = h * m.q_lora_rank + m.q_lora_rank * heads * qk
+            other += norm(m, m.q_lora_rank)
+        else:
+            mm = h * heads * qk
+        mm += h * (m.kv_lora_rank + m.qk_pos_emb_head_dim)  # compressed KV + shared rope key
+        mm += m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim) + heads * m.v_head_dim * h
+        return mm, other + norm(m, m.kv_lora_rank)
+    d = head_dim(m)
+    hq, hkv = heads * d, (m.num_query_groups or heads) * d
+    mm = h * (hq + 2 * hkv) + hq * h
+    if m.add_bias_linear or m.add_qkv_bias:
+        other += hq + 2 * hkv
+    if m.add_bias_linear:
+        other += h
+    if m.qk_layernorm:
+        other += 2 * norm(m, d)
+    return mm, other
+
+
+def mlp(m: ModelConfig, ffn: int) -> tuple[int, int]:
+    """(matmul weights, biases) of an MLP of width ffn; SwiGLU has a gate and an up projection."""
+    gated = m.activation == "swiglu"
+    bias = ((2 if gated else 1) * ffn + m.hidden_size) if m.add_bias_linear else 0
+    return (3 if gated else 2) * m.hidden_size * ffn, bias
+
+
+def num_dense_layers(m: ModelConfig) -> int:
+    """Decoder layers with a dense MLP: all of them, or an MoE model's first k."""
+    return min(m.moe_first_k_dense_layers, m.num_layers) if m.num_moe_experts else m.num_layers
+
+
+def first_moe_layer(m: ModelConfig) -> int:
+    """Index of the first MoE decoder layer (past the last layer for a dense model). An MTP layer
+    counts as layer `num_layers`: it is of the decoder's last kind."""
+    return num_dense_layers(m) if m.num_moe_experts else m.num_layers + 1
+
+
+def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
+    """Bytes per token one layer saves for its backward: (outside, inside) the TP regions.
+
+    Without sequence parallel the outside part is replicated on every TP rank, with it everything
+    is split. `lin` is the bytes of a saved linear-layer input (2, or 1 when TE runs it in FP8).
+    Korthikanti's standard GPT (GELU, ffn 4h, MHA, dropout, BF16) gives outside 10h, inside 24h:
+      outside: norm inputs 2 x 2h + dropout masks 2 x h + QKV input 2h + fc1 input 2h = 10h
+      inside:  Q, K, V 3 x 2h + attention output 2h + GELU input 8h + fc2 input 8h = 24h
+    """
+    h = m.hidden_size
+    outside = 4 * h + (2 * h if m.hidden_dropout > 0 else 0)  # norm inputs; 1-byte dropout masks
+    heads = m.num_attention_heads
+    # The attention kernel keeps its BF16 output for its own backward; the output projection
+    # saves that same tensor in BF16, but its own FP8 copy under FP8.
+    out = 2 if lin == 2 else 2 + lin
+    if m.multi_latent_attention:
+        ql, kvl, rope = m.q_lora_rank or 0, m.kv_lora_rank, m.qk_pos_emb_head_dim
+        # Down projections' input; q and kv latents (norm inputs and up projections' inputs).
+        outside += lin * h + (2 + lin) * ql + 2 * (kvl + rope) + lin * kvl
+        qk = m.qk_head_dim + rope
+        inside = 2 * heads * (2 * qk + m.v_head_dim) + out * heads * m.v_head_dim
+    else:
+        d = head_dim(m)
+        hq, hkv = heads * d, (m.num_query_groups or heads) * d
+        outside += lin * h
+        inside = 2 * (hq + 2 * hkv) + out * hq + (2 * (hq + hkv) if m.qk_layernorm else 0)
+    act = 2 if m.activation == "swiglu" else 1  # the fc1 output the activation saves
+    if moe:
+        topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
+        outside += 2 * h + 4 * (
+            m.num_moe_experts or 0
+        )  # router input (BF16) and FP32 routing scores
+        inside += topk * (lin * h + 2 * act * fe + lin * fe)  # each token visits top-k experts
+        fs = m.moe_shared_expert_intermediate_size or 0
+        inside += 2 * act * fs + lin * fs
+    else:
+        outside += lin * h
+        inside += 2 * act * m.ffn_hidden_size + lin * m.ffn_hidden_size
+    return outside, inside
+
+
+def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
+    """Bytes per token of a layer's saved activations that selective recompute frees and rebuilds
+    in the backward: (outside, inside) the TP regions, as layer_activations counts them.
+
+    core_attn frees nothing here (the fused attention kernel saves no score matrix to begin with);
+    mla_up_proj the up-projected queries, keys and values and the up projections' inputs;
+    layernorm the outputs of the norms that stand alone (Transformer Engine fuses the others into
+    the next linear layer, and Megatron-Core has nothing to recompute there): MLA's input norm
+    (the down projections' input) and an MoE layer's pre-MLP norm (the router's input);
+    mlp a dense layer's FC1 output and FC2 input (the checkpoint keeps its BF16 input in place of
+    FC1's); moe_act the experts' FC2 input; shared_experts theirs; moe the whole expert part and
+    the routing scores."""
+    modules = selective_modules(m)
+    h, act = m.hidden_size, 2 if m.activation == "swiglu" else 1
+    outside = inside = 0
+    if "mla_up_proj" in modules and m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        inside += 2 * m.num_attention_heads * (2 * qk + m.v_head_dim)
+        outside += lin * ((m.q_lora_rank or 0) + m.kv_lora_rank)
+    if "layernorm" in modules:
+        outside += (lin * h if m.multi_latent_attention else 0) + (2 * h if moe else 0)
+    if not moe:
+        if "mlp" in modules:
+            f = m.ffn_hidden_size
+            inside += 2 * act * f + lin * f
+            outside += lin * h - 2 * h
+        return outside, inside
+    topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
+    fs = m.moe_shared_expert_intermediate_size or 0
+    if "moe" in modules:
+        return outside + 4 * (m.num_moe_experts or 0), inside + topk * (
+            lin * h + 2 * act * fe + lin * fe
+        ) + (2 * act * fs + lin * fs)
+    if "moe_act" in modules:
+        inside += topk * lin * fe
+    if "shared_experts" in modules:
+        inside += 2 * act * fs + lin * fs
+    return outside, inside
+
+
+def walk(
+    chunks: Sequence[Sequence[str]],
+    pp: int,
+    first_moe: int,
+    num_layers: int,
+    recompute: tuple[str | None, str | None, int],
+) -> Iterator[tuple[int, int, str, bool, bool]]:
+    """(pipeline rank, virtual stage, slot, MoE, fully recomputed) of every slot of the layout.
+
+    Chunk i is virtual stage i // PP of rank i % PP (Megatron-Core's vp_stage x PP + pp_rank).
+    A slot is "E", "L", "t" or "m" (config/layout.py); MoE and recompute are False for "E" and
+    "L". `first_moe` is first_moe_layer's index; `recompute` is (granularity, method, layers):
+    block recompute covers the first `layers` layers of each chunk, uniform every layer. Plain
+    tuples: the planner walks layouts by the thousand.
+    """
+    granularity, method, group = recompute
+    full = granularity == "full"
+    block = method == "block"
+    layer = 0
+    for index, chunk in enumerate(chunks):
+        rank, stage, in_chunk = index % pp, index // pp, 0
+        for c in chunk:
+            if c == "E" or c == "L":
+                yield rank, stage, c, False, False
+                continue
+            moe = (layer if c == "t" else num_layers) >= first_moe
+            layer += c == "t"
+            recomputed = full and (not block or in_chunk < group)
+            in_chunk += 1
+            yield rank, stage, c, moe, recomputed
