@@ -179,3 +179,19 @@ def test_a_hidden_circle_is_caught(tmp_path: Path) -> None:
     a.write_text(a.read_text() + f"\n\ndef _x():\n    import {b_name}\n")
     b.write_text(b.read_text() + f"\n\ndef _y():\n    import {a_name}\n")
     assert any(first in c and second in c for c in circles(room_graph(module_graph(tmp_path))))
+
+
+def test_the_readme_maps_every_room() -> None:
+    """The README's layout map names every package and room, and nothing that is not there."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    named = {word.rstrip("/") for word in block.split() if word.endswith("/") and "<" not in word}
+    rooms = {
+        path.parent.name
+        for package in FLOORS
+        for path in (REPO / package).rglob("__init__.py")
+        if "__pycache__" not in path.parts
+    }
+    folders = {p.name for p in REPO.rglob("*") if p.is_dir() and ".venv" not in p.parts}
+    assert rooms - named == set(), "rooms missing from the README's layout map"
+    assert named - folders == set(), "the README's layout map names folders that do not exist"
