@@ -31,7 +31,7 @@ golden: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/cli_latency.py
 
-# Issue 14 on a bare lent GPU: no .venv there, the machine's python3 and torch plus the wheels of
+# The GPU tests and benchmarks on a bare lent GPU: no .venv there, the machine's python3 and torch plus the wheels of
 # scripts/fetch_gpu_wheels.py (carried as wheels/gpu); figures under $$OUT. scripts/gpu_check.sh.
 gpu-check:
 	bash scripts/gpu_check.sh

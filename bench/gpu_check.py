@@ -1,5 +1,5 @@
-"""Everything issue 14 measures on one lent GPU, in one command of at most 10 minutes, and the
-step-time model of `recipes plan` held against it (issue 9: the `calibrate` step).
+"""Everything measured on one lent GPU, in one command of at most 10 minutes, and the
+step-time model of `recipes plan` held against it (the `calibrate` step).
 
 Run by scripts/gpu_check.sh (`make gpu-check`), which first installs the carried wheels into a
 folder on PYTHONPATH. Each STEP runs as a subprocess with its own time budget, cut to what is left
@@ -213,7 +213,7 @@ def junit_summary(path: Path) -> dict[str, Any]:
 
 
 def headline(figures: dict[str, Any]) -> dict[str, Any]:
-    """The ratios issue 14 asks for, from the steps' results (None where a step did not run)."""
+    """The ratios the GPU proof asks for, from the steps' results (None where a step did not run)."""
 
     def get(step: str, *keys: str) -> Any:
         value: Any = figures.get(step, {}).get("result")

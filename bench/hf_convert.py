@@ -5,7 +5,7 @@ random checkpoints (BF16), against copying the same files.
 
 Each step runs in a fresh process whose resident memory is polled (psutil, /proc): peak RSS, and
 peak anonymous RSS, which leaves out the pages of the safetensors files the reader maps (page
-cache, not the process's own). Goal (issue "Hugging Face checkpoints in and out"):
+cache, not the process's own). Goal:
 peak memory that does not grow with the model (the 3B's peak exceeds the 1B's by less than its
 largest tensor) and throughput within 2x of copying the files.
 """

@@ -1,6 +1,6 @@
 """The step-time model (config/cost/steptime.py) against the one-GPU proxy that `make gpu-check` measures:
 the predicted step of the same shape, the error, and the compute constants that the measurement
-implies (issue 9: "whenever a GPU is lent, the one-GPU measurements recalibrate the compute term").
+implies: whenever a GPU is lent, the one-GPU measurements recalibrate the compute term.
 
     python bench/perf_one_gpu.py GPU_CHECK.json            # gpu_check.json, as a lent GPU sent it
     python bench/perf_one_gpu.py --proxy P.json [--attention A.json] [--env E.json] [--json OUT]

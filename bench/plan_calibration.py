@@ -85,7 +85,7 @@ def show(rows: list[dict]) -> None:
     errors = [abs(r["error"]) for r in rows]
     published = [abs(r["error"]) for r in rows if r["run"].in_published_layouts]
     print(
-        f"median |error|: {statistics.median(published):.1%} on PUBLISHED_LAYOUTS, "
+        f"median |error|: {statistics.median(published):.1%} on the published layouts, "
         f"{statistics.median(errors):.1%} on all {len(rows)} runs"
     )
 

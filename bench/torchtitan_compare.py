@@ -1,5 +1,5 @@
 """torchtitan's own Llama 3 on the shape of our one-GPU proxy: tokens/s, BF16, with and without
-torch.compile, for the comparison of issue 14 (ours must reach 1.15x its tokens/s).
+torch.compile, for the side-by-side comparison (ours must reach 1.15x its tokens/s).
 
 torchtitan's model (its `llama3_configs["8B"]`: hidden 4096, FFN 14336, 32 heads in 8 groups,
 vocabulary 128256 -- the proxy's shape) cut to the proxy's number of layers, initialised by

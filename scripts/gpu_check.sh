@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make gpu-check`: issue 14's GPU tests and benchmarks on a bare lent GPU, in one command.
+# `make gpu-check`: the GPU tests and benchmarks on a bare lent GPU, in one command.
 #
 # On the lent machine (the device tool: the working tree travels, ignored paths only when carried):
 #   run(command="make gpu-check", carry=["wheels/gpu"], timeout_s=600)

@@ -1,8 +1,7 @@
 """Third-party notices that say nothing about the run, kept out of every rank's log.
 
 A two-rank CPU demo printed 52 such lines out of 124: each rank repeats, at import, that Transformer
-Engine and Apex are missing (the engine picks Torch's optimizer and norms itself when they are:
-DESIGN.md), that `GPTModel` is deprecated, that torch's collectives were renamed... A user reading
+Engine and Apex are missing (the engine picks Torch's optimizer and norms itself when they are), that `GPTModel` is deprecated, that torch's collectives were renamed... A user reading
 the log for what went wrong should see our lines and the warnings that are news. `install()` drops
 exactly the notices listed in `NOISE`, each with why it is harmless here; anything else, a new
 warning of the same libraries included, still prints.

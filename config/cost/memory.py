@@ -2,8 +2,8 @@
 
 `recipes check` answers in well under a second on a login node, so nothing here imports torch,
 Megatron-Core or NeMo-Run. The numbers model Megatron-Core with Transformer Engine (TE) on GPUs;
-tests/unit/config/test_estimate.py calibrates them on the runs of /work/shared/PUBLISHED_LAYOUTS.md, which all
-ran on 80 GB H100s and so must be predicted to fit.
+tests/unit/config/test_estimate.py calibrates them on NVIDIA's published layouts
+(tests/support/published_runs.py), which all ran on 80 GB H100s and so must be predicted to fit.
 
 Memory per GPU is worked out for every pipeline rank; the largest total is reported, because the
 job runs out of memory on its most loaded rank.

@@ -1,6 +1,6 @@
 """What one GPU can run that tests/gpu/test_gpu.py does not: FP16 with its loss scale, MoE with the
 alltoall dispatcher at EP=1, Megatron-FSDP (with FP8 where the GPU has it) and its checkpoint,
-LLaVA through Energon, and SDPA on its fused kernels (issue 14).
+LLaVA through Energon, and SDPA on its fused kernels.
 
 Marked `gpu`: skipped where torch sees no CUDA device. `make gpu-check` runs them on a lent GPU.
 """

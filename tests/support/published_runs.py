@@ -1,7 +1,7 @@
 """Published NVIDIA training runs on H100s, as catalog recipes with overrides: what the step-time
 model (config/cost/steptime.py) is calibrated on and the planner (recipes/advice/plan.py) is held to.
 
-The first six are /work/shared/PUBLISHED_LAYOUTS.md. The others come from NVIDIA's DGX Cloud
+The first six are NVIDIA's published layouts (Megatron-Bridge's performance summary). The others come from NVIDIA's DGX Cloud
 benchmarking READMEs (github.com/NVIDIA/dgxc-benchmarking), which publish a step time and the total
 tokens/s: tokens/s/GPU here is that total / GPUs; and from the archive of Megatron-Bridge's
 performance summary (docs/performance-summary-archive.md in NVIDIA-NeMo/Megatron-Bridge).
@@ -22,7 +22,7 @@ class PublishedRun:
     # TP, PP, VPP (None: none), CP, EP and MBS of the published layout, as the planner names them.
     layout: tuple[int, int, int | None, int, int, int]
     overrides: list[str] = field(default_factory=list)
-    in_published_layouts: bool = False  # a row of PUBLISHED_LAYOUTS.md
+    in_published_layouts: bool = False  # one of the six published layouts
 
 
 RUNS = [

@@ -1,6 +1,6 @@
 """Parameter counts, FLOPs and the memory estimate: worked by hand and calibrated on published runs.
 
-Every run of /work/shared/PUBLISHED_LAYOUTS.md ran on 80 GB H100s (79.2 GiB in config/hardware.py),
+Every published layout (tests/support/published_runs.py) ran on 80 GB H100s (79.2 GiB in config/hardware.py),
 so the estimate must predict that each fits. Architectures are written out here rather than taken
 from models/, so that these tests pin the estimator alone. The published performance runs reduce
 gradients in BF16 (NeMo / Megatron-Bridge performance configs set grad_reduce_in_fp32=False), and
@@ -251,7 +251,7 @@ def test_flops_llama3_8b_by_hand() -> None:
 
 def test_8b_published_throughput_is_523_tflops() -> None:
     flops = model_flops_per_token(config(LLAMA3_8B, gbs=8))
-    assert 10_150 * flops / 1e12 == pytest.approx(523, rel=0.05)  # PUBLISHED_LAYOUTS: ~523 causal
+    assert 10_150 * flops / 1e12 == pytest.approx(523, rel=0.05)  # published: ~523 causal
 
 
 def test_flops_mla_attention_term() -> None:
@@ -263,7 +263,7 @@ def test_flops_mla_attention_term() -> None:
     assert growth == 3 * 62 * 128 * (192 + 128) * (8192 - 4096)
 
 
-# tokens/s/GPU and model TFLOPS/GPU of PUBLISHED_LAYOUTS.md (causal formula).
+# tokens/s/GPU and model TFLOPS/GPU of the published layouts (causal formula).
 THROUGHPUT = {
     "llama31_8b": (10_150, 523),
     "llama3_70b": (1_633, 734),

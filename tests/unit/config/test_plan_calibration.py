@@ -2,8 +2,8 @@
 predicted tokens/s/GPU on every run, and where `recipes plan` ranks the published layout.
 
 The table is printed (pytest -s, or in the report of a failure); bench/plan_calibration.py prints
-the same table from the command line. Done-when of the planner: median absolute error within 15%
-on the runs of PUBLISHED_LAYOUTS.md and the published layout among the top 5, except where the
+the same table from the command line. The bounds: median absolute error within 15% on the
+published layouts and the published layout among the top 5, except where the
 engine cannot run the published layout as published (KNOWN_MISSES says why).
 """
 

@@ -1,4 +1,4 @@
-"""The checker's MoE rules held against Megatron-Core 0.19.2's own code (issue 9).
+"""The checker's MoE rules held against Megatron-Core 0.19.2's own code.
 
 A seeded sample of near-valid MoE configs (a valid base with one to three fields moved around a
 rule: TP, SP, EP, ETP, the FFN widths, top-k, pre-softmax, score function, load balancing, the

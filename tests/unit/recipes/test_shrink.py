@@ -121,7 +121,7 @@ def test_a_recipe_the_cpu_runs_as_is_is_left_alone() -> None:
 
 def test_cpu_rule_without_shrink_names_the_replacement() -> None:
     """Asked for the CPU with their own layout, the user gets the fix for each GPU-only feature;
-    SP alone is no longer one of them."""
+    SP alone is not one of them."""
     cfg = apply_overrides(
         all_recipes()["llama32_1b_pretrain"].config(),
         [
