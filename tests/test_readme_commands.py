@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from recipes.cli import main
+from tests import children
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("list", "show", "check", "plan", "runs")
@@ -71,7 +71,7 @@ def test_the_readme_has_nemo_cli_examples() -> None:
 def test_readme_nemo_dryrun_runs_as_written(line: str, tmp_path: Path) -> None:
     nemo = Path(sys.executable).parent / "nemo"
     env = os.environ | {"NEMORUN_HOME": str(tmp_path), "COLUMNS": "200"}
-    out = subprocess.run(
+    out = children.run(
         [str(nemo), *shlex.split(line)[1:]],
         capture_output=True,
         text=True,
