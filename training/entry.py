@@ -9,8 +9,10 @@ stays free of torch and Megatron-Core; `pretrain` imports the engine when it run
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -99,12 +101,14 @@ def pretrain(
     from training.stop import StopPolicy
     from training.watchdog import watchdog_for
 
-    owns_group = False
-    trainer = stop = None
+    # What exists before this run (a caller's default group) stays; whatever it builds goes.
+    groups_before = distributed.process_groups()
+    trainer = checkpoints = stop = None
+    failed = False
     # From before the rendezvous: a start-up that hangs is a hang too.
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
-        owns_group = distributed.init_process_group(launch_from_env(), device, store=store)
+        distributed.init_process_group(launch_from_env(), device, store=store)
         trainer = Trainer(config, derived, device, run_dir, _peak_tflops(cluster, derived.preset))
         if collective_timeout is not None:
             distributed.set_collective_timeout(collective_timeout)
@@ -119,15 +123,28 @@ def pretrain(
         checkpoints.resume()  # from the newest complete checkpoint, if any: job chains
         stop = StopPolicy(config.train.exit_duration_minutes, trainer.torch_device)
         trainer.train([checkpoints, *hooks], stop, resumed=checkpoints.resumed, watchdog=watchdog)
+    except BaseException as err:
+        failed = True
+        # The frames this error passed through hold the model and the optimizer, and so their
+        # process groups; whoever keeps the error (the in-process restart's Wrapper does) would
+        # keep those too. Their locals go; the traceback still names every line.
+        traceback.clear_frames(err.__traceback__)
+        raise
     finally:
         if watchdog is not None:
             watchdog.stop()
         if stop is not None:
             stop.close()
+        if checkpoints is not None:
+            checkpoints.close(abort=failed)
         if trainer is not None:
             trainer.close()
-        # A process group that existed before this call (several runs in one group) stays.
-        distributed.destroy(process_group=owns_group)
+        trainer = checkpoints = stop = None
+        distributed.destroy(keep=groups_before)
+        # A destroyed group keeps its threads (gloo's workers, NCCL's watchdog) until the object
+        # is freed, and the model that refers to it is held in reference cycles (module <->
+        # DDP hooks <-> config): collect them now, not whenever the next collection happens.
+        gc.collect()
 
 
 def run(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:

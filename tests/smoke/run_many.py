@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
         _say(launch.rank, f"done {name}")
     if owns_group:
-        distributed.destroy(process_group=True)
+        distributed.destroy()
     return 0
 
 
