@@ -18,7 +18,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 # The edit loop: everything but the multi-process CPU runs and the Slurm jobs (the engine still
-# trains in-process, tests/test_engine.py). GPU tests skip without a GPU here as in `make test`.
+# trains in-process, tests/unit/training/test_engine.py). GPU tests skip without a GPU here as in `make test`.
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not smoke and not slurm"
 
@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 golden: $(STAMP)
-	$(VENV)/bin/python -m tests.refresh_golden
+	$(VENV)/bin/python -m tests.support.refresh_golden
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/cli_latency.py

@@ -5,7 +5,7 @@
 A checkpoint of a model with P parameters, saved with the distributed optimizer, holds about
 14 bytes per parameter: BF16 weights (2) and the FP32 main weights with Adam's two moments (12).
 This writes that many bytes as one shard file per rank (Megatron's `__<rank>_0.distcp` layout,
-random bytes), then times `training.checkpoint_dirs.file_digests` on it the way the checkpointer
+random bytes), then times `training.checkpoint.dirs.file_digests` on it the way the checkpointer
 calls it: every rank hashes its share of the files (files[rank::ranks]), all ranks at once. Here
 `--workers` processes (default: the machine's cores, at most --ranks) stand in for the ranks; the
 time per rank is what a save or a resume waits for when every rank has a core of its own.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.checkpoint_dirs import checkpoint_files, file_digests  # noqa: E402
+from training.checkpoint.dirs import checkpoint_files, file_digests  # noqa: E402
 
 BYTES_PER_PARAM = 14
 CHUNK = 64 * 2**20

@@ -83,7 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(args.data) if args.data else Path(tmp) / "synthetic_vlm"
         if not args.data:
-            from data.synthetic_vlm import make_synthetic_vlm
+            from data.tools.synthetic_vlm import make_synthetic_vlm
 
             make_synthetic_vlm(data, samples=1024, log=False)
         print(

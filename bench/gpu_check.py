@@ -238,7 +238,7 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
         name: r.get("ratio_to_allocated") for name, r in memory.items() if isinstance(r, dict)
     }
     fits = [f for f in get("calibrate") or [] if isinstance(f, dict) and "gpu" in f]
-    if fits:  # the BF16 proxy at LAYERS: config/perf.py's prediction and the constants it implies
+    if fits:  # the BF16 proxy at LAYERS: config/cost/steptime.py's prediction and the constants it implies
         out["model_predicted_over_measured"] = fits[0]["predicted_over_measured"]
         out["gemm_fit"] = {fits[0].get("gemm_constant"): fits[0].get("gemm_fit")}
         out["attention_fit"] = fits[0].get("attention_fit")

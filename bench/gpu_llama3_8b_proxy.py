@@ -4,7 +4,7 @@ The proxy keeps what sets a layer's speed (hidden 4096, FFN 14336, 32 heads in 8
 sequence 8192, vocabulary 128256, micro batch 1) and takes as many layers as the memory estimate
 says fit on this GPU, so that one GPU runs the recipe's real kernels. MFU is measured against the
 GPU's dense peak in the precision of the GEMMs (config/hardware.py), with the causal FLOPs formula
-(config/estimate.py). Target: at least 50% MFU in BF16.
+(config/cost/memory.py). Target: at least 50% MFU in BF16.
 
     # on a machine with one H100/H200 and this repository installed (torch + megatron-core, TE optional)
     python bench/gpu_llama3_8b_proxy.py [--layers N] [--steps 30] [--precision bf16_mixed ...]
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from config.estimate import estimate_memory  # noqa: E402
+from config.cost.memory import estimate_memory  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
 from config.tree import apply_overrides, write_yaml  # noqa: E402

@@ -1,4 +1,4 @@
-"""Predicted (config/estimate.py, what `recipes check` prints) against measured peak GPU memory.
+"""Predicted (config/cost/memory.py, what `recipes check` prints) against measured peak GPU memory.
 
 Each SHAPE is a catalog recipe cut to one GPU (TP = PP = CP = EP = 1, micro batch 1, one
 microbatch per step) with a few layers, trained for three steps through the real entry point under
@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from config.estimate import estimate_memory  # noqa: E402
+from config.cost.memory import estimate_memory  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster  # noqa: E402
 from config.rules import validate  # noqa: E402

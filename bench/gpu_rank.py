@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "--probe":
         sys.exit("usage: gpu_rank.py --probe PROBE.json <training.entry arguments>")
     probe, rest = Path(argv[1]), argv[2:]
-    from training import checkpoint, engine, entry
+    from training import engine, entry
+    from training.checkpoint import store as checkpoint
 
     if rest[:1] == ["--no-final-save"]:
         rest = rest[1:]

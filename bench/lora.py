@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config.estimate import count_parameters, estimate_memory, lora_parameters  # noqa: E402
+from config.cost.memory import count_parameters, estimate_memory, lora_parameters  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The step-time model (config/perf.py) against the one-GPU proxy that `make gpu-check` measures:
+"""The step-time model (config/cost/steptime.py) against the one-GPU proxy that `make gpu-check` measures:
 the predicted step of the same shape, the error, and the compute constants that the measurement
 implies (issue 9: "whenever a GPU is lent, the one-GPU measurements recalibrate the compute term").
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_llama3_8b_proxy import proxy_overrides  # noqa: E402
 
-from config import perf  # noqa: E402
+from config.cost import steptime as perf  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
 from config.tree import apply_overrides  # noqa: E402

@@ -1,11 +1,11 @@
 """The step-time model against published NVIDIA runs: predicted tokens/s/GPU of each published
 layout, its error, and where `recipes plan` ranks that layout.
 
-    .venv/bin/python bench/plan_calibration.py                        # with config/perf.py's table
+    .venv/bin/python bench/plan_calibration.py                        # with config/cost/steptime.py's table
     .venv/bin/python bench/plan_calibration.py --set expert_half_dim=3000   # try other constants
     .venv/bin/python bench/plan_calibration.py --search               # coordinate descent
 
-How CONSTANTS in config/perf_constants.py were set: the rates and bandwidths from the sources named there,
+How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
 expert_half_dim). --search moves one constant at a time by 10% while the loss (median
 absolute error, plus the mean, plus a penalty per published layout ranked below 5th) falls; from the
@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config import perf  # noqa: E402
+from config.cost import steptime as perf  # noqa: E402
 from config.finalize import finalize  # noqa: E402
 from recipes.plan import plan  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
-from tests.published_runs import RUNS, PublishedRun  # noqa: E402
+from tests.support.published_runs import RUNS, PublishedRun  # noqa: E402
 
 TOP = 10  # how deep to look for the published layout
 

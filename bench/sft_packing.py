@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--seq-lengths", default="512,2048,4096")
     args = parser.parse_args()
 
-    from data.synthetic_sft import TOKENIZER, make_synthetic_sft
     from data.tokenizer import load_tokenizer
+    from data.tools.synthetic_sft import TOKENIZER, make_synthetic_sft
 
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         arithmetic = make_synthetic_sft(Path(tmp), samples=args.samples)

@@ -37,7 +37,7 @@ def gather_cost(calls: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from training.straggler import StragglerMonitor
+    from training.resilience.straggler import StragglerMonitor
 
     monitor = StragglerMonitor(1, 1.5, torch.device("cpu"), stage=0, say=lambda line: None)
     monitor.observe(1, 0.1)  # the host names are gathered once, on the first gather

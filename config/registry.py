@@ -127,8 +127,8 @@ MODEL_ARCHS: dict[str, ModelArch] = _by_name(
     ),
     ModelArch(
         name="llava",
-        builder="models.llava_model:build_llava_chunks",
-        forward="models.llava_model:forward",
+        builder="models.llava:build_llava_chunks",
+        forward="models.llava:forward",
         summary="a ViT and an MLP projector in front of the GPT",
         takes_images=True,
         rules=("config.rules.vision:multimodal",),

@@ -415,7 +415,7 @@ class LoggingConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ResilienceConfig:
-    """Stragglers, hangs and failed jobs (training/straggler.py, training/watchdog.py, the sbatch
+    """Stragglers, hangs and failed jobs (training/resilience/straggler.py, training/resilience/watchdog.py, the sbatch
     script). Every field may change when a run resumes: none of them shapes a checkpoint."""
 
     # Every this many steps the ranks gather their mean step and collective times over the last

@@ -99,7 +99,7 @@ def build_loader(
 
 
 def to_dict(batch: VLMBatch) -> dict[str, torch.Tensor]:
-    """What the forward step reads (models/llava_model.py `forward`)."""
+    """What the forward step reads (models/llava.py `forward`)."""
     return {
         "images": batch.images,
         "tokens": batch.tokens,

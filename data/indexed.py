@@ -211,7 +211,7 @@ _INSPECTED: dict[str, IndexFacts] = {}  # by file_key: what this process has che
 
 def _remake(prefix: str) -> str:
     return (
-        "Make the pair again: python -m data.jsonl_to_indexed --input DOCS.jsonl --tokenizer "
+        "Make the pair again: python -m data.tools.jsonl_to_indexed --input DOCS.jsonl --tokenizer "
         f"TOKENIZER --output-prefix {prefix} --append-eod"
     )
 

@@ -53,7 +53,7 @@ def _check_prefixes(path: str, prefixes: list[str]) -> None:
             raise FileNotFoundError(
                 f"data.path={path!r}: dataset prefix {prefix!r} lacks {' and '.join(missing)}. "
                 "A prefix is the path without .bin/.idx; make one with "
-                "`python -m data.jsonl_to_indexed --input x.jsonl --tokenizer tok.json "
+                "`python -m data.tools.jsonl_to_indexed --input x.jsonl --tokenizer tok.json "
                 f"--output-prefix {prefix} --append-eod`"
             )
 

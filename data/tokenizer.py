@@ -275,7 +275,7 @@ def _load_tokenizers_json(
             raise ValueError(
                 f"data.tokenizer={shown_path!r}: cannot tell which token ends a document; none of "
                 f"{', '.join(EOD_CANDIDATES)} is in its vocabulary. Add one as a special token "
-                "(python -m data.make_tokenizer adds <|endoftext|>)"
+                "(python -m data.tools.make_tokenizer adds <|endoftext|>)"
             )
         eod = found[0]
     pad = ident(names.get("pad_token"))

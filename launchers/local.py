@@ -116,10 +116,10 @@ class Forwarder:
     torchrun starts in its own session and starts each rank in another, so a terminal's Ctrl-C
     (SIGINT to the foreground process group) reaches this process alone, and a SIGTERM or hangup
     that ended it would leave torchrun and the ranks training as orphans. The first such signal
-    sends the ranks SIGUSR1, their exit signal (training/stop.py): every rank stops at the same
+    sends the ranks SIGUSR1, their exit signal (training/resilience/stop.py): every rank stops at the same
     step boundary, saves a checkpoint and exits 0, and torchrun with them. A second one kills every
     process below this one at once: the checkpoint being written stays an iter_N.tmp folder, never
-    published, which the next run removes (training/checkpoint.py).
+    published, which the next run removes (training/checkpoint/store.py).
     """
 
     def __init__(self) -> None:

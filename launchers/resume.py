@@ -22,7 +22,7 @@ from typing import Any
 
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
-from training import checkpoint_dirs as dirs
+from training.checkpoint import dirs
 
 # Fields that cannot change on resume (a prefix ends with "."), and why.
 FIXED = {
@@ -69,7 +69,7 @@ def checkpoint_folder(cfg: TrainingConfig, run_dir: Path) -> Path:
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
-    checkpoint folder another live run holds (training/checkpoint_dirs.py RunLock)."""
+    checkpoint folder another live run holds (training/checkpoint/dirs.py RunLock)."""
     folder = checkpoint_folder(cfg, run_dir)
     busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
     if busy is not None:

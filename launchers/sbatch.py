@@ -11,7 +11,7 @@ for nemo-run 0.11.1:
 Here every value passes through one quoting filter (`q`), values that no script can carry
 (control characters such as newlines, secrets) are refused before rendering (`check_job` checks
 the profile as it is at that moment), and the same template serves all three kinds.
-`tests/test_launchers.py` and `tests/test_hostile_profiles.py` check this with hostile strings
+`tests/unit/launchers/test_launchers.py` and `tests/unit/launchers/test_hostile_profiles.py` check this with hostile strings
 under `bash -n` and by running the script with a sentinel command.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from config.estimate import MemoryEstimate, estimate_memory, model_flops_per_token
+from config.cost.memory import MemoryEstimate, estimate_memory, model_flops_per_token
 from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.rules import Problem, validate

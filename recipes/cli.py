@@ -14,7 +14,7 @@ from pathlib import Path
 
 from config.hardware import GPUS
 from config.tree import ConfigError, to_dict, to_yaml
-from data.cli import add_data_parser, cmd_data
+from data.tools.cli import add_data_parser, cmd_data
 from recipes.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
 from recipes.plan_text import render as render_plans
@@ -215,10 +215,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """`import` / `export`: exit 0 with the folder written, 2 with a named problem."""
     from pathlib import Path
 
-    from training.hf_convert import ConvertError
-    from training.hf_export import export_hf
-    from training.hf_import import import_hf
-    from training.lora_export import export_lora, holds_adapters
+    from training.hf.convert import ConvertError
+    from training.hf.exporter import export_hf
+    from training.hf.importer import import_hf
+    from training.hf.lora_export import export_lora, holds_adapters
 
     try:
         if args.command == "import":

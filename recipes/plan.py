@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from config import layout as layouts
-from config.estimate import (
+from config.cost.memory import (
     GIB,
     OVERHEAD_GIB,
     MemoryEstimate,
@@ -33,9 +33,7 @@ from config.estimate import (
     count_parameters,
     estimate_memory,
 )
-from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
-from config.hardware import Cluster
-from config.perf import (
+from config.cost.steptime import (
     LayerCosts,
     StepTime,
     layer_costs,
@@ -44,6 +42,8 @@ from config.perf import (
     rank_params,
     shard_params,
 )
+from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
+from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
 from config.rules.moe_overlap import layout_obstacles
@@ -430,7 +430,7 @@ def _fitting(
 
 class _StaticMemory:
     """Whether a layout's weights, gradients and optimizer state alone overflow the GPU: a lower
-    bound of config/estimate.py's total (no activations), priced in microseconds."""
+    bound of config/cost/memory.py's total (no activations), priced in microseconds."""
 
     def __init__(self, work: TrainingConfig, cluster: Cluster, limit_gib: float) -> None:
         self.count, self.work = count_parameters(work), work

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from training import checkpoint_dirs as dirs
+from training.checkpoint import dirs
 from training.metrics import read_metrics
 
 

@@ -1,5 +1,5 @@
 """Shared test setup: no test writes to the user's home or reaches a hub; GPU tests skip without
-one; no process a test starts outlives it (tests/children.py)."""
+one; no process a test starts outlives it (tests/support/children.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import children
+from tests.support import children
 
 # Before any test imports NeMo-Run, matplotlib or HF code: their caches go to a throwaway folder,
 # and nothing may try a hub download.

@@ -95,7 +95,7 @@ _MODULES: dict[str, str] = {
     "megatron.core.distributed.fsdp.src.megatron_fsdp.utils": "RNG states, buffers on "
     "current_device()",
     "megatron.core.distributed.fsdp.src.megatron_fsdp.mixed_precision": 'the overflow flag on "cuda"',
-    # Checkpoints (training/checkpoint.py): the synchronous torch_dist save.
+    # Checkpoints (training/checkpoint/store.py): the synchronous torch_dist save.
     "megatron.core.dist_checkpointing.strategies.filesystem_async": "synchronize() before "
     "staging tensors for writing",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver": "save-failure flag "

@@ -7,14 +7,14 @@ without touching the loop:
 - `Trainer.checkpoint_states()` names, once, the objects a checkpoint holds besides the model
   chunks and the optimizer, each with `state_dict()` / `load_state_dict()`: the step counter, the
   LR schedule, the RNG states and the batch source (its data position). The checkpointer
-  (training/checkpoint.py) saves them and loads them back in place.
+  (training/checkpoint/store.py) saves them and loads them back in place.
 - `Trainer.train(hooks, stop)` calls `hook.after_step(trainer, stopping)` after every step and
-  `hook.at_end(trainer)` once the loop ends, on every rank. `stop` (training/stop.py) makes the one
+  `hook.at_end(trainer)` once the loop ends, on every rank. `stop` (training/resilience/stop.py) makes the one
   stop decision of each step: an exit signal on any rank, or train.exit_duration_minutes.
 
 Resilience (cfg.resilience): every step's time and the time in its gradient sync feed the straggler
-monitor (training/straggler.py: a gather every straggler_interval steps, whose verdict joins that
-step's metrics), and the loop moves the hang watchdog's deadline (training/watchdog.py) at the
+monitor (training/resilience/straggler.py: a gather every straggler_interval steps, whose verdict joins that
+step's metrics), and the loop moves the hang watchdog's deadline (training/resilience/watchdog.py) at the
 start and the end of every step.
 """
 
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
-from config.estimate import model_flops_per_token
+from config.cost.memory import model_flops_per_token
 from config.finalize import Derived
 from config.registry import DATA_KINDS, MODEL_ARCHS, load
 from config.schema import TrainingConfig
@@ -39,10 +39,10 @@ from models.gpt import chunks_per_rank
 from training import distributed
 from training.build import build_model, build_optimizer, build_scheduler, wire_schedules
 from training.metrics import MetricsLogger
+from training.resilience.stop import StopPolicy
+from training.resilience.straggler import StragglerMonitor
+from training.resilience.watchdog import Watchdog
 from training.step import eval_step, train_step
-from training.stop import StopPolicy
-from training.straggler import StragglerMonitor
-from training.watchdog import Watchdog
 
 
 class StepLogger(Protocol):

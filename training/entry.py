@@ -96,10 +96,10 @@ def pretrain(
         write_yaml(config, run_dir / "config.yaml")
 
     from training import distributed
-    from training.checkpoint import Checkpointer
+    from training.checkpoint.store import Checkpointer
     from training.engine import Trainer
-    from training.stop import StopPolicy
-    from training.watchdog import watchdog_for
+    from training.resilience.stop import StopPolicy
+    from training.resilience.watchdog import watchdog_for
 
     # What exists before this run (a caller's default group) stays; whatever it builds goes.
     groups_before = distributed.process_groups()

@@ -147,7 +147,7 @@ def _recompute_modules(model: ModelConfig) -> list[Problem]:
 
 def _rotary(model: ModelConfig) -> list[Problem]:
     """RoPE rotates the channels of a head in pairs: an odd rotary dimension fails in the first
-    forward step (found by tests/test_checker_fuzz.py)."""
+    forward step (found by tests/unit/config/test_checker_fuzz.py)."""
     if model.position_embedding_type != "rope":
         return []
     if model.multi_latent_attention:

@@ -1,6 +1,6 @@
 """Mixture of experts: experts over EP, the router's top-k, EP x ETP within a pipeline stage, and
 what Megatron-Core 0.19.2 asserts of an MoE model in its TransformerConfig, its MoE layer, experts,
-router and token dispatcher (the first training step at the latest). tests/test_rules_moe_oracle.py
+router and token dispatcher (the first training step at the latest). tests/unit/config/test_rules_moe_oracle.py
 holds these rules against Megatron-Core's own code."""
 
 from __future__ import annotations

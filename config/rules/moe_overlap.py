@@ -1,6 +1,6 @@
 """parallel.overlap_moe_expert_parallel_comm: Megatron-Core's combined 1F1B schedule, which runs one
 microbatch's MoE token alltoall while another microbatch computes. What Megatron-Core 0.19.2's
-TransformerConfig asserts of it (tests/test_rules_moe_oracle.py holds these against that code), and
+TransformerConfig asserts of it (tests/unit/config/test_rules_moe_oracle.py holds these against that code), and
 that the schedule runs GPTModel's schedule plan (models/gpt.py `forward`)."""
 
 from __future__ import annotations

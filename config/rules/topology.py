@@ -10,7 +10,7 @@ ranks, TP x CP consecutive ranks hold a TP group's context-parallel peers, and f
 ETP x EP consecutive ranks hold an alltoall group. With Slurm's block placement, consecutive ranks
 fill a node (or an NVL72 rack) before the next, so a group stays inside an NVLink domain exactly
 when its block of consecutive ranks divides the domain (Cluster.crosses). Each warning gives what
-the step-time model (config/perf.py) predicts the group's traffic costs per step, and a layout that
+the step-time model (config/cost/steptime.py) predicts the group's traffic costs per step, and a layout that
 keeps the group inside a domain with its own predicted step time and memory.
 """
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import copy
 
-from config.estimate import estimate_memory
+from config.cost.memory import estimate_memory
+from config.cost.steptime import StepTime, predict
 from config.finalize import Derived, finalize
 from config.hardware import Cluster
-from config.perf import StepTime, predict
 from config.problems import Problem
 from config.schema import TrainingConfig
 
@@ -91,7 +91,7 @@ def _cost(step: StepTime | None, term: str) -> str:
     seconds = step.terms[term]
     return (
         f" (predicted: {seconds:.2f} s of a {step.seconds:.2f} s step exposed, "
-        f"{seconds / step.seconds:.0%}; config/perf.py)"
+        f"{seconds / step.seconds:.0%}; config/cost/steptime.py)"
     )
 
 

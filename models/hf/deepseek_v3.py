@@ -165,7 +165,7 @@ def to_model(hf: dict[str, Any], names: set[str]) -> ModelConfig:
         moe_router_score_function="sigmoid",
         moe_router_enable_expert_bias=True,  # e_score_correction_bias
         **_router(hf, topk, experts),
-        # Training choices, as models/deepseek.py takes them from the report.
+        # Training choices, as models/presets/deepseek.py takes them from the report.
         moe_router_load_balancing_type="seq_aux_loss",
         moe_aux_loss_coeff=1e-4,
         mtp_num_layers=_mtp_layers(hf, names),

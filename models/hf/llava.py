@@ -19,7 +19,7 @@ A CLIP ViT (`vision_config`, model_type clip_vision_model), a two-layer MLP proj
 
 The ViT's keys are Transformer Engine's (the norms fused into the next linear layer:
 `self_attention.linear_qkv.layer_norm_weight` / `_bias`, `mlp.linear_fc1.layer_norm_weight` /
-`_bias`); models/llava_model.py keys the local spec's separate norms the same way.
+`_bias`); models/llava.py keys the local spec's separate norms the same way.
 
 Megatron-Core's vision tower has a fixed CLIP shape: LayerNorm with epsilon 1e-5, quick-GELU,
 biases everywhere, no bias on the patch convolution; the projector's activation is exact GELU.
@@ -46,7 +46,7 @@ from models.hf import gpt, llama
 from models.hf.mapping import Node, Reshaped, tensor
 
 ARCHITECTURE = "LlavaForConditionalGeneration"
-CLIP_LAYERNORM_EPSILON = 1e-5  # models/llava_model.py builds the ViT's norms with it
+CLIP_LAYERNORM_EPSILON = 1e-5  # models/llava.py builds the ViT's norms with it
 
 # transformers' defaults for the fields a config.json may leave out: LlavaConfig's, the vision
 # tower LlavaConfig makes when there is no vision_config (CLIP ViT-L/14-336), CLIPVisionConfig's

@@ -19,7 +19,7 @@ an explicit pipeline_model_parallel_layout.
 from __future__ import annotations
 
 from config.schema import ParallelConfig, TrainingConfig
-from models.deepseek import deepseek_v3
+from models.presets.deepseek import deepseek_v3
 from recipes.base import pretrain
 from recipes.registry import recipe
 

@@ -11,7 +11,7 @@ are reproduced with the distributed optimizer and without graphs, the engine's d
 from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
-from models.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
+from models.presets.llama import llama3_8b, llama3_70b, llama31_405b, llama32_1b, llama32_3b
 from recipes.base import finetune, lora, pretrain
 from recipes.registry import recipe
 

@@ -36,7 +36,7 @@ from config.schema import (
     TrainConfig,
     TrainingConfig,
 )
-from models.llava import llava_llama3_8b, tiny_llava
+from models.presets.llava import llava_llama3_8b, tiny_llava
 from recipes.registry import recipe
 
 PRETRAIN_SOURCE = (

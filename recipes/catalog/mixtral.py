@@ -9,7 +9,7 @@ run on other hardware or precision changed. CUDA graphs used on Blackwell are le
 from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
-from models.mixtral import mixtral_8x7b
+from models.presets.mixtral import mixtral_8x7b
 from recipes.base import pretrain
 from recipes.registry import recipe
 

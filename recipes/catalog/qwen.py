@@ -15,7 +15,7 @@ summary lists it); its recipes take the layouts of Megatron-Bridge's own Qwen3 r
 from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
-from models.qwen import qwen3_8b, qwen3_30b_a3b
+from models.presets.qwen import qwen3_8b, qwen3_30b_a3b
 from recipes.base import finetune, lora, pretrain
 from recipes.registry import recipe
 

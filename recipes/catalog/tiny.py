@@ -19,7 +19,7 @@ from config.schema import (
     TrainConfig,
     TrainingConfig,
 )
-from models.tiny import tiny_gpt, tiny_moe
+from models.presets.tiny import tiny_gpt, tiny_moe
 from recipes.registry import recipe
 
 SOURCE = "CPU smoke recipe, not a published run"

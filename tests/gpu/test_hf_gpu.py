@@ -14,7 +14,6 @@ import pytest
 
 from config.tree import write_yaml
 from recipes.cli import main
-from tests.hf_oracle import hf_config
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import launch_many
 from tests.smoke.test_hf_layouts import (
@@ -24,6 +23,7 @@ from tests.smoke.test_hf_layouts import (
     qwen3_moe,
     tensors,
 )
+from tests.support.hf_oracle import hf_config
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.gpu

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import children
 from tests.gpu.test_gpu import CUDA, assert_learns
 from tests.smoke.conftest import REPO, Runs, _env, resolved_config
 from tests.smoke.run_many import read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.gpu
 

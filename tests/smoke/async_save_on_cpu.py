@@ -15,7 +15,8 @@ from typing import Any
 from megatron.core.dist_checkpointing.strategies import async_utils
 
 from config.schema import TrainingConfig
-from training import checkpoint, cpu_mode, entry
+from training import cpu_mode, entry
+from training.checkpoint import store as checkpoint
 
 _init = checkpoint.Checkpointer.__init__
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from tests import children
+from tests.support import children
 
 MARK = "run_many:"
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def run_logged(
     Not through a pipe: a rank that dies without its interpreter's exit handlers (os._exit after a
     failure, SIGKILL) leaves its multiprocessing helpers running (Megatron-Core's checkpoint writer
     starts a spawn-context Manager on the first save), which would hold the pipe open for ever.
-    tests/children.py stops whatever of the launch is still running when torchrun has ended (or
+    tests/support/children.py stops whatever of the launch is still running when torchrun has ended (or
     timed out): the workers run in sessions of their own, out of torchrun's process group.
     """
     with log_path.open("w", encoding="utf-8") as out:  # the children keep their own handles

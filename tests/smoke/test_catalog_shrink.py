@@ -42,9 +42,9 @@ from launchers.local import process_env
 from launchers.profile import Profile
 from recipes.registry import all_recipes
 from recipes.shrink import cpu_substitutes, fit_to_world, shrink
-from tests import children
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import Outcome, launch_many, read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]
@@ -90,17 +90,17 @@ def data_overrides(name: str, folder: Path) -> list[str]:
     JSONL)."""
     kind = all_recipes()[name].config().data.kind
     if kind == "energon":
-        from data.synthetic_vlm import make_synthetic_vlm
+        from data.tools.synthetic_vlm import make_synthetic_vlm
 
         make_synthetic_vlm(folder, samples=32)
         return [f"data.path={folder}", f"data.tokenizer={folder / 'tokenizer.json'}"]
     if kind == "sft":  # arithmetic Q&A (shrink drops the pretrained weights)
-        from data.synthetic_sft import make_synthetic_sft
+        from data.tools.synthetic_sft import make_synthetic_sft
 
         jsonl = make_synthetic_sft(folder, samples=200)
         return [f"data.path={jsonl}", f"data.tokenizer={jsonl.parent / 'tokenizer.json'}"]
     if kind == "chat":  # arithmetic conversations and a ChatML tokenizer folder
-        from data.synthetic_chat import make_synthetic_chat
+        from data.tools.synthetic_chat import make_synthetic_chat
 
         jsonl = make_synthetic_chat(folder / "chat.jsonl", samples=200, tokenizer=folder / "tok")
         return [f"data.path={jsonl}", f"data.tokenizer={folder / 'tok'}"]

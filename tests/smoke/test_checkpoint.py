@@ -37,11 +37,11 @@ import psutil
 import pytest
 import yaml
 
-from tests import children
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import Outcome, launch_many, read_metrics
 from tests.smoke.signal_at_step import ENV as SIGNAL_AT_STEP_ENV
-from training import checkpoint_dirs as dirs
+from tests.support import children
+from training.checkpoint import dirs
 
 pytestmark = pytest.mark.smoke
 
@@ -105,7 +105,7 @@ class Job:
     ) -> subprocess.Popen:
         """Starts the job: `-m training.entry`, or a test wrapper `script` around it; with
         `ignore_usr1`, torchrun starts with SIGUSR1 ignored, as launchers/slurm.py starts it.
-        It stops at the end of the test at the latest (tests/children.py)."""
+        It stops at the end of the test at the latest (tests/support/children.py)."""
         if stop_at is not None:
             script = STOP_ENTRY
         entry = [str(script)] if script else ["-m", "training.entry"]
@@ -291,11 +291,11 @@ def test_signal_then_kill_mid_save_then_resume(tmp_path: Path) -> None:
 
 
 def _indexed_corpus(root: Path) -> tuple[Path, Path]:
-    """A BPE tokenizer and a Megatron .bin/.idx dataset, both made here (see tests/test_data.py)."""
+    """A BPE tokenizer and a Megatron .bin/.idx dataset, both made here (see tests/unit/data/test_data.py)."""
     import random
 
     from data.indexed import jsonl_to_indexed
-    from data.make_tokenizer import train_bpe_tokenizer
+    from data.tools.make_tokenizer import train_bpe_tokenizer
 
     words = "the model trains on tokens while gradients flow through every layer".split()
     rng = random.Random(0)

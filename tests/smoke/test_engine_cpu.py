@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from tests import children
 from tests.smoke.conftest import REPO, Planned, Runs, _env
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 

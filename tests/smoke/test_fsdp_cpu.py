@@ -45,7 +45,7 @@ def test_dense_matches_megatron_ddp(planned: Runs) -> None:
 
 
 def _exported(runs: Runs, name: str, out: Path) -> dict[str, torch.Tensor]:
-    from training.hf_export import export_hf
+    from training.hf.exporter import export_hf
 
     export_hf(runs.root / name / "run" / "checkpoints", out)
     return {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}

@@ -5,7 +5,7 @@ linear warmup), so the weights it saves at the end are exactly the ones it loade
 is then exported with `recipes export` and every tensor must equal the folder's bit for bit. A
 rank that read a wrong slice (a QKV group, a half of fc1, an expert, a layer of another pipeline
 stage or virtual chunk) would save it, and the comparison names the tensor. The logits themselves
-are compared with transformers' in tests/test_hf_llama.py and tests/test_hf_families.py.
+are compared with transformers' in tests/unit/models/test_hf_llama.py and tests/unit/models/test_hf_families.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 
 from config.tree import write_yaml
 from recipes.cli import main
-from tests.hf_oracle import hf_config
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import launch_many
+from tests.support.hf_oracle import hf_config
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.smoke
@@ -73,14 +73,14 @@ def qwen3(folder: Path) -> Path:
 
 
 def qwen3_moe(folder: Path) -> Path:
-    from tests.test_hf_families import tiny
+    from tests.unit.models.test_hf_families import tiny
 
     tiny("qwen3_moe", folder)
     return folder
 
 
 def deepseek_v3(folder: Path) -> Path:
-    from tests.test_hf_families import add_mtp_layer, tiny
+    from tests.unit.models.test_hf_families import add_mtp_layer, tiny
 
     tiny("deepseek_v3", folder)
     add_mtp_layer(folder, layers=3)  # the published checkpoints' MTP layer, on the last stage
@@ -105,7 +105,7 @@ LAYOUTS = {
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from training.hf_convert import iter_tensors
+    from training.hf.convert import iter_tensors
 
     return dict(iter_tensors(folder))
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import children
 from tests.smoke.conftest import REPO, _env
-from training import checkpoint_dirs as dirs
+from tests.support import children
+from training.checkpoint import dirs
 
 pytestmark = pytest.mark.smoke
 
@@ -61,7 +61,7 @@ def wait_for_steps(proc: subprocess.Popen, run_dir: Path, count: int) -> None:
 
 def leftovers(proc: subprocess.Popen, run_dir: Path) -> list[str]:
     """The run's processes still running: whatever the CLI started (its environment names it,
-    tests/children.py), and anything else whose command line names the run directory."""
+    tests/support/children.py), and anything else whose command line names the run directory."""
     found = [str(pid) for pid in children.leftovers(proc)]
     mark = str(run_dir)
     for p in psutil.process_iter(["cmdline"]):

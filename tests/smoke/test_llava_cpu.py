@@ -17,9 +17,9 @@ import pytest
 
 from data.energon import SAMPLE_LOG_ENV
 from recipes.cli import main as recipes_main
-from tests import children
 from tests.smoke.conftest import REPO, _env, resolved_config
 from tests.smoke.run_many import read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 

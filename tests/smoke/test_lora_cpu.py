@@ -19,10 +19,10 @@ import torch
 
 from config.tree import write_yaml
 from recipes.cli import main
-from tests.hf_oracle import hf_config
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import launch_many
 from tests.smoke.test_hf_layouts import llama
+from tests.support.hf_oracle import hf_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from tests import children
 from tests.smoke.conftest import BASE, REPO, _env
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 RUNS = 10

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import children
 from tests.smoke.conftest import _env
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,93 @@
+"""The constants of the step-time model (config/cost/steptime.py), each with its source: data-sheet figures
+live in config/hardware.py, these are the fractions of them a training step reaches, and the
+calibrated shapes of its slowdowns (bench/plan_calibration.py fits them on published runs)."""
+
+from __future__ import annotations
+
+# name -> (value, source). Fractions are of config/hardware.py's data-sheet peaks and links.
+CONSTANTS: dict[str, tuple[float, str]] = {
+    "gemm_bf16": (
+        0.70,
+        "calibrated on the BF16 runs of tests/support/published_runs.py (Llama 3.1 8B, 70B, 405B): "
+        "~690 of 989 TFLOPS, below the 700-800 that large square BF16 GEMMs reach on H100 SXM, "
+        "as a layer's GEMMs are neither square nor alone",
+    ),
+    "gemm_fp8": (
+        0.58,
+        "calibrated on the FP8 runs of tests/support/published_runs.py (Llama 3 70B, 3.1 405B): "
+        "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
+    ),
+    "gemm_fp4": (0.55, "assumed below FP8's: no published NVFP4 run to calibrate on"),
+    "gemm_half_dim": (
+        128.0,
+        "the GEMM dimension at which a GEMM would lose half its rate (the rate falls as "
+        "1 / (1 + d0/M + d0/N + d0/K)): tensor-core tiles are 128-256 wide, so a shard narrower "
+        "than a few tiles wastes them; calibrated",
+    ),
+    "expert_half_dim": (
+        3250.0,
+        "the same for the two weight sides of MoE experts' grouped GEMMs (their rows, the tokens "
+        "an expert receives, take gemm_half_dim), which run far from cuBLAS's dense rate when "
+        "narrow (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on "
+        "Qwen3 30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
+    ),
+    "attention_half_len": (
+        512.0,
+        "the query/key block length at which flash attention loses half its rate: context "
+        "parallelism runs it on blocks of seq/CP; calibrated",
+    ),
+    "attention": (
+        0.45,
+        "flash attention forward + backward, causal, head dim 128, BF16 on H100: FlashAttention-3 "
+        "(Shah et al. 2024) reports 600-740 TFLOPS forward and less backward; ~450 of 989 for both",
+    ),
+    "memory_passes": (
+        4.0,
+        "memory-bound kernels read and write each saved activation about four times (forward "
+        "write, backward read, norm and activation kernels); calibrated",
+    ),
+    "fp8_cast_bytes": (
+        6.0,
+        "bytes moved per FP8 GEMM input element: amax read (2) + BF16 read (2) + FP8 write (1) "
+        "forward, ~the same for the gradient; TE's current-scaling cast kernels",
+    ),
+    "nvlink": (
+        0.80,
+        "NCCL bus bandwidth / NVLink's one-way figure: large all-reduces on DGX H100 measure "
+        "~360-480 GB/s (nccl-tests, with and without NVLink SHARP)",
+    ),
+    "network": (
+        0.90,
+        "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC, what "
+        "nccl-tests measure across DGX H100 nodes on InfiniBand NDR",
+    ),
+    "tp_exposed": (
+        0.40,
+        "share of TP collectives not hidden: TE's userbuffers overlap the rest with the GEMMs "
+        "(Megatron-Bridge performance configs set tp_comm_overlap); calibrated",
+    ),
+    "p2p_exposed": (
+        0.30,
+        "share of pipeline sends not hidden: the interleaved schedule overlaps them "
+        "(overlap_p2p_comm), 1F1B batches them with compute; calibrated",
+    ),
+    "overlap_contention": (
+        0.2,
+        "share of a data-parallel collective's time that the compute it overlaps loses: NCCL's "
+        "kernels (DeepEP's: 20-24 SMs) take SMs (up to 32 of H100's 132) and HBM bandwidth from "
+        "the GEMMs; it counts where communication overlaps every microbatch (Megatron-FSDP, the "
+        "MoE alltoall overlap), not once a step; calibrated",
+    ),
+    "layer_overhead_s": (
+        3e-4,
+        "fixed seconds per layer and microbatch, forward and backward: ~60 kernel launches at "
+        "~5 us each when the host issues them (no CUDA graphs), which small work units do not "
+        "hide; calibrated",
+    ),
+    "optimizer_bytes": (
+        32.0,
+        "bytes per parameter of the optimizer step: read and write the FP32 master and both Adam "
+        "moments (24), read the gradient (4) and write the BF16 weight (2), rounded up",
+    ),
+}
+VALUES: dict[str, float] = {name: value for name, (value, _) in CONSTANTS.items()}

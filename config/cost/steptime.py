@@ -1,0 +1,490 @@
+"""Predicted step time of a training config on a cluster: an analytic model in plain Python.
+
+`recipes plan` ranks thousands of layouts with it and `recipes check` prices a warning with it, on a
+login node, so nothing here imports torch. A step on the slowest pipeline rank is
+
+    microbatches x (that rank's time per microbatch)          compute and exposed communication
+  + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
+  + pipeline sends + data-parallel gradient/parameter traffic not hidden + the optimizer step
+
+and a rank's time per microbatch is the sum over its layers (forward and backward) of:
+
+- gemm: the layer's matmul FLOPs / TP (routed experts: top-k of them) at the GEMM rate of the run's
+  precision, `peak x efficiency / (1 + d0/M + d0/N + d0/K)`: small GEMMs (a TP shard, the tokens one
+  expert receives) run further from the peak. The output layer and attention stay in BF16.
+- attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
+- memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
+  passes over the bytes a layer saves for its backward (config/cost/memory.py), at HBM bandwidth.
+- tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
+- cp: the ring exchange of keys and values (and their gradients) across CP, less the attention it
+  hides behind.
+- ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
+  leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
+  top-k copies; the flex one (DeepEP, HybridEP) sends a token once to each other domain holding
+  one of its experts (fewer with group-limited routing: `remote_domains`) and fans it out over
+  NVLink there. Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides the
+  forward's alltoalls behind another microbatch's backward and the backward's behind a forward
+  (what overlaps slows that compute by overlap_contention), except in the schedule's warm-up
+  forwards and cool-down backwards, which have no partner.
+- recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
+  EP traffic); selective, the forward of each of its model.recompute_modules again.
+- LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
+  (the adapters' own GEMMs, rank << width, are left out).
+
+A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
+consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
+overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
+between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
+compute, and
+communication contending with compute for SMs and memory bandwidth (except where it overlaps
+every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
+
+The constants live in one table, config/cost/constants.py's CONSTANTS, with their sources;
+tests/unit/config/test_plan_calibration.py reports the error on every published run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations
+from math import comb
+
+from config.cost.constants import CONSTANTS, VALUES  # noqa: F401 (CONSTANTS: the sources)
+from config.cost.memory import (
+    ParamCount,
+    _attention,
+    _head_dim,
+    _layer_activations,
+    _mlp,
+    count_parameters,
+    model_flops_per_token,
+)
+from config.finalize import Derived
+from config.hardware import Cluster
+from config.layout import warmup_forwards
+from config.schema import TrainingConfig, selective_modules
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    seconds: float
+    terms: dict[str, float]  # seconds of the step spent on each term (they add up to `seconds`)
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float  # model FLOPs by the causal formula
+    mfu: float  # against the dense peak of the precision the GEMMs run in
+
+    @property
+    def bottleneck(self) -> tuple[str, float]:
+        """The largest term beyond the GEMMs and attention (the useful work), with its share."""
+        name = max((t for t in self.terms if t not in ("gemm", "attention")), key=self.terms.get)
+        return name, self.terms[name] / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """Seconds per microbatch (forward + backward) on one GPU, by layer kind and term."""
+
+    dense: dict[str, float]
+    moe: dict[str, float]
+    mtp_extra: dict[str, float]  # an MTP layer's projection, on top of its decoder layer
+    embedding: dict[str, float]
+    output: dict[str, float]  # the output layer and cross entropy (once more per MTP layer)
+    params: dict[str, float]  # parameters per GPU of each kind, sharded as Megatron shards them
+    flops_per_token: float  # model FLOPs, causal formula (config/cost/memory.py)
+    # Selective recompute: per module, what it adds to a (dense, MoE) layer, by term.
+    selective: dict[str, tuple[dict[str, float], dict[str, float]]] = dataclasses.field(
+        default_factory=dict
+    )
+    # Seconds one unit of each rank_loads slot adds (all terms): a rank's time is a dot product.
+    # The last two slots (selective recompute of a dense and an MoE layer) depend on the modules,
+    # so predict() prices them (selective_terms).
+    per_slot: tuple[float, ...] = ()
+    # What the alltoall overlap hides of an MoE layer's exchange, per microbatch: exposed again
+    # where the schedule has no other microbatch to pair it with (warm-up, cool-down).
+    ep_unpaired: float = 0.0
+
+
+TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
+
+
+def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
+    """Dense TFLOPS of the precision the decoder's GEMMs run in, and that precision's name."""
+    spec, recipe = cluster.spec, derived.preset.fp8_recipe if derived.preset else None
+    if recipe == "nvfp4" and spec.fp4_tflops:
+        return spec.fp4_tflops, "fp4"
+    if recipe and spec.fp8_tflops:
+        return spec.fp8_tflops, "fp8"
+    return spec.bf16_tflops, "bf16"
+
+
+def layer_costs(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    derived: Derived,
+    k: dict[str, float] = VALUES,
+    count: ParamCount | None = None,
+) -> LayerCosts:
+    m, par, spec = cfg.model, cfg.parallel, cluster.spec
+    moe = bool(m.num_moe_experts)
+    t, c = par.tensor_model_parallel_size, par.context_parallel_size
+    e = par.expert_model_parallel_size if moe else 1
+    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    s, h = m.seq_length, m.hidden_size
+    tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
+    peak, kind = gemm_peak(cfg, cluster, derived)
+    lin = 1 if kind != "bf16" else 2
+    half = k["gemm_half_dim"]
+
+    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, wide=half) -> float:
+        """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
+        return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
+
+    rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+
+    def link(block: int) -> float:
+        return net if cluster.crosses(block) else nvl
+
+    hbm = spec.hbm_gb_s * 1e9
+    sp = t if par.sequence_parallel and t > 1 else 1
+    att_mm = _attention(m)[0]
+    if m.multi_latent_attention:
+        d_qk, d_v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        kv_width = m.num_attention_heads * (d_qk + d_v) / t  # MLA with CP exchanges full K and V
+    else:
+        d_qk = d_v = _head_dim(m)
+        kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
+    attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
+    attention /= spec.bf16_tflops * 1e12 * k["attention"] / (1 + k["attention_half_len"] * c / s)
+    tp = 8 * tokens * h * 2 * (t - 1) / t / link(t) * k["tp_exposed"] if t > 1 else 0.0
+    cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c) if c > 1 else 0.0
+    cp = max(0.0, cp - attention)
+
+    def memory(is_moe: bool) -> float:
+        outside, inside = _layer_activations(m, is_moe, lin)
+        passes = k["memory_passes"] * tokens * (outside / sp + inside / t)
+        if kind != "bf16":  # FP8 casts of every linear layer's input (the bytes at 1 per element)
+            o0, i0 = _layer_activations(m, is_moe, 0)
+            passes += k["fp8_cast_bytes"] * tokens * ((outside - o0) / sp + (inside - i0) / t)
+        return passes / hbm
+
+    attn_gemm = gemm(6 * tokens * att_mm / t, tokens, h / t, h, rate)
+    ffn = m.ffn_hidden_size
+    mlp_gemm = gemm(6 * tokens * _mlp(m, ffn)[0] / t, tokens, ffn / t, h, rate)
+    dense = {
+        "gemm": attn_gemm + mlp_gemm,
+        "attention": attention,
+        "memory": memory(False),
+        "tp": tp,
+        "cp": cp,
+        "ep": 0.0,
+        "overhead": k["layer_overhead_s"],
+    }
+    count = count or count_parameters(cfg)
+    layer = dense
+    # Selective recompute, per module: its forward again, (dense layer, MoE layer).
+    again: dict[str, tuple[dict[str, float], dict[str, float]]] = {
+        "core_attn": ({"attention": attention / 3}, {"attention": attention / 3}),
+        # Both norms' forward: read and write the hidden states (BF16).
+        "layernorm": ({"memory": 8 * tokens * h / sp / hbm},) * 2,
+        # The dense MLP: a third of its GEMMs, 2 of the layer's 8 TP collectives.
+        "mlp": ({"gemm": mlp_gemm / 3, "tp": tp / 4}, {}),
+    }
+    if m.multi_latent_attention:  # the query and key-value up projections, forward
+        heads, rope = m.num_attention_heads, m.qk_pos_emb_head_dim
+        q_in, kv_in = m.q_lora_rank or h, m.kv_lora_rank
+        q_out, kv_out = heads * (m.qk_head_dim + rope), heads * (m.qk_head_dim + m.v_head_dim)
+        up = gemm(2 * tokens * q_in * q_out / t, tokens, q_out / t, q_in, rate)
+        up += gemm(2 * tokens * kv_in * kv_out / t, tokens, kv_out / t, kv_in, rate)
+        again["mla_up_proj"] = ({"gemm": up}, {"gemm": up})
+    unpaired = 0.0  # seconds of the MoE exchange the alltoall overlap hides, per layer
+    if moe:
+        E, topk = m.num_moe_experts, m.moe_router_topk
+        fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
+        per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
+        flops = 6 * tokens * topk * _mlp(m, fe)[0] / t
+        experts = gemm(flops, per_expert, fe / et, h, rate, k["expert_half_dim"])
+        shared = gemm(6 * tokens * _mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
+        router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
+        ep = 0.0
+        if e > 1:  # each alltoall moves the rank's tokens x top-k hidden vectors in BF16
+            volume = 4 * tokens / sp * topk * h * 2
+            inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
+            if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
+                groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
+                remote = remote_domains(E, topk, *groups, -(-e // inside))
+                ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl)
+            else:
+                ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
+            if par.overlap_moe_expert_parallel_comm:  # behind another microbatch's compute:
+                # the forward's alltoalls behind a backward (2/3 of the work) and the backward's
+                # behind a forward (1/3), less the SMs and bandwidth they take from it
+                work = attn_gemm + experts + shared + router + attention
+                hidden = min(ep / 2, 2 * work / 3) + min(ep / 2, work / 3)
+                unpaired = (1 - k["overlap_contention"]) * hidden
+                ep -= unpaired
+            elif m.moe_shared_expert_overlap and fs:  # the shared experts on a side stream,
+                # behind this microbatch's own dispatch and combine, forward and backward
+                ep -= (1 - k["overlap_contention"]) * min(ep, shared)
+        layer = {
+            **dense,
+            "gemm": attn_gemm + experts + shared + router,
+            "memory": memory(True),
+            "ep": ep,
+        }
+        # The experts' activation: read the FC1 output, write the FC2 input (BF16).
+        act = 2 if m.activation == "swiglu" else 1
+        again["moe_act"] = ({}, {"memory": tokens * topk / t * (2 * act * fe + 2 * fe) / hbm})
+        again["shared_experts"] = ({}, {"gemm": shared / 3})
+        again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
+    vocab = derived.padded_vocab_size or m.vocab_size
+    output = {
+        "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
+        "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
+    }
+    if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs
+        for part in {id(p): p for p in (dense, layer, output)}.values():  # layer is dense's
+            part["gemm"] *= 2 / 3
+    costs = LayerCosts(
+        dense=dense,
+        moe=layer,
+        mtp_extra={"gemm": gemm(6 * tokens * 2 * h * h / t, tokens, h / t, 2 * h, rate)},
+        embedding={"memory": k["memory_passes"] * tokens * h * 2 / sp / hbm},
+        output=output,
+        params=shard_params(count, t, e * et),
+        flops_per_token=model_flops_per_token(cfg),
+        selective=again,
+        ep_unpaired=unpaired,
+    )
+    return dataclasses.replace(costs, per_slot=_per_slot(costs))
+
+
+@lru_cache(maxsize=256)
+def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
+    """How many NVLink domains besides its own one token's top-k experts lie in, on average:
+    DeepEP and HybridEP (the flex dispatcher) send a token over the network once per such domain
+    and fan it out over NVLink there. The EP group's experts fill `domains` domains in order.
+    Megatron-Core's group-limited routing (DeepSeek-V3's node-limited one) picks `group_topk` of
+    `groups` contiguous expert groups by their best scores, then the top k experts among theirs:
+    taken here as any groups alike, the best expert of each picked group among the k, the other
+    k - group_topk alike among the groups' rest (tests/unit/config/test_moe_overlap.py holds this against
+    Megatron-Core's router on random scores, what moe_router_force_load_balancing routes by)."""
+    if domains <= 1:
+        return 0.0
+    size, span = experts // groups, experts // domains
+
+    def overlap(g: int, d: int) -> int:
+        return max(0, min((g + 1) * size, (d + 1) * span) - max(g * size, d * span))
+
+    picks = list(combinations(range(groups), group_topk))
+    rest, more = group_topk * (size - 1), max(0, topk - group_topk)  # after each group's best
+    touched = 0.0
+    for chosen in picks:
+        for d in range(domains):
+            missed = 1.0  # no group's best lies in d, and none of the others
+            for g in chosen:
+                missed *= 1 - overlap(g, d) / size
+            if missed:
+                inside = sum(overlap(g, d) for g in chosen)
+                missed *= comb(rest - inside, more) / comb(rest, more)
+            touched += 1 - missed
+    return touched / len(picks) * (domains - 1) / domains
+
+
+# Full recompute runs a layer's forward again: a third of its compute, half its traffic.
+AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
+
+
+def _per_slot(costs: LayerCosts) -> tuple[float, ...]:
+    """What one unit of each rank_loads slot but the selective ones adds to a rank's time
+    (_rank_terms, summed)."""
+    dense, moe = sum(costs.dense.values()), sum(costs.moe.values())
+    again_dense = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.dense.items())
+    again_moe = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.moe.items())
+    output = sum(costs.output.values())
+    return (
+        dense,
+        moe,
+        dense + again_dense,
+        moe + again_moe,
+        sum(costs.mtp_extra.values()) + output,
+        sum(costs.embedding.values()),
+        output,
+    )
+
+
+def selective_terms(costs: LayerCosts, modules: list[str]) -> tuple[dict, dict]:
+    """What selective recompute of `modules` adds to a (dense, MoE) layer, by term. Recomputing
+    the whole MoE layer covers its activation and shared experts."""
+    if "moe" in modules:
+        modules = [n for n in modules if n not in ("moe_act", "shared_experts")]
+    out: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for name in modules:
+        for kind, terms in zip(out, costs.selective.get(name, ({}, {})), strict=True):
+            for term, value in terms.items():
+                kind[term] = kind.get(term, 0.0) + value
+    return out
+
+
+def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, float]:
+    """Parameters per GPU of each kind of layer: dense ones / TP, experts / (EP x ETP)."""
+    return {
+        "dense": count.dense_per_layer / tp,
+        "moe": (count.attention_per_layer + count.moe_shared_per_layer) / tp,
+        "experts": count.experts_per_layer / experts_split,
+        "embedding": count.embedding / tp,
+        "output": (count.output or count.embedding) / tp,
+    }
+
+
+@lru_cache(maxsize=4096)
+def rank_loads(
+    chunks: tuple[tuple[str, ...], ...],
+    pp: int,
+    first_moe: int,
+    num_layers: int,
+    recompute: tuple[str | None, str | None, int],
+) -> tuple[tuple[float, ...], ...]:
+    """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
+    dense selective, moe selective) layer counts, from the chunks and the recompute fields."""
+    granularity, method, group = recompute
+    loads = [[0.0] * 9 for _ in range(pp)]
+    layer = 0
+    for index, chunk in enumerate(chunks):
+        load, in_chunk = loads[index % pp], 0
+        for c in chunk:
+            if c == "E":
+                load[5] += 1
+            elif c == "L":
+                load[6] += 1
+            else:
+                is_moe = (layer if c == "t" else num_layers) >= first_moe
+                layer += c == "t"
+                full = granularity == "full" and (method != "block" or in_chunk < group)
+                in_chunk += 1
+                load[(1 if is_moe else 0) + (2 if full else 0)] += 1
+                load[4] += c == "m"
+                load[8 if is_moe else 7] += granularity == "selective"
+    return tuple(tuple(load) for load in loads)
+
+
+def _rank_terms(
+    costs: LayerCosts, load: tuple[float, ...], selective: tuple[dict, dict]
+) -> dict[str, float]:
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, dense_sel, moe_sel = load
+    again_dense, again_moe = selective
+    terms = dict.fromkeys(TERMS, 0.0)
+    for name in TERMS:
+        d, x = costs.dense[name], costs.moe[name]
+        terms[name] = (dense + dense_rc) * d + (moe + moe_rc) * x
+        terms[name] += AGAIN.get(name, 1 / 3) * (dense_rc * d + moe_rc * x)
+        terms[name] += mtp * costs.mtp_extra.get(name, 0.0)
+        terms[name] += emb * costs.embedding.get(name, 0.0)
+        terms[name] += (out + mtp) * costs.output.get(name, 0.0)
+        terms[name] += dense_sel * again_dense.get(name, 0.0) + moe_sel * again_moe.get(name, 0.0)
+    return terms
+
+
+def predict(
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    derived: Derived,
+    k: dict[str, float] = VALUES,
+    costs: LayerCosts | None = None,
+    loads: tuple[tuple[float, ...], ...] | None = None,
+    detail: bool = True,
+) -> StepTime | None:
+    """The step time of a config; None on the CPU or when the layout cannot be derived.
+
+    Without `detail` the layers' terms are one, "layers" (the planner's first pass prices
+    thousands of layouts and needs only the total)."""
+    m, par, spec = cfg.model, cfg.parallel, cluster.spec
+    chunks, dp, microbatches = (
+        derived.pipeline_chunks,
+        derived.data_parallel_size,
+        derived.num_microbatches,
+    )
+    if not spec.bf16_tflops or not chunks or not dp or not microbatches:
+        return None
+    costs = costs or layer_costs(cfg, cluster, derived, k)
+    pp = par.pipeline_model_parallel_size
+    vpp = len(chunks) // pp
+    moe = bool(m.num_moe_experts)
+    first_moe = min(m.moe_first_k_dense_layers, m.num_layers) if moe else m.num_layers + 1
+    if loads is None:
+        recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
+        loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
+    selective = selective_terms(costs, selective_modules(m))
+    weights = (*costs.per_slot, *(sum(t.values()) for t in selective))
+    totals = {load: sum(n * w for n, w in zip(load, weights, strict=True)) for load in set(loads)}
+    slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
+    mean = sum(totals[load] for load in loads) / pp
+    if detail:
+        terms = _rank_terms(costs, slowest, selective)
+        step = {name: microbatches * value for name, value in terms.items()}
+    else:
+        step = {"layers": microbatches * totals[slowest]}
+    if costs.ep_unpaired:  # the alltoall overlap pairs no warm-up forward, no cool-down backward
+        rank = loads.index(slowest)
+        warm = 1 if pp == 1 else warmup_forwards(pp, vpp, rank, microbatches)
+        unpaired = warm / vpp * (slowest[1] + slowest[3]) * costs.ep_unpaired  # its MoE layers
+        step["ep" if detail else "layers"] += unpaired
+    step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
+
+    # Pipeline sends: every chunk boundary, activations forward and their gradients backward.
+    t, c = par.tensor_model_parallel_size, par.context_parallel_size
+    tokens = m.seq_length * cfg.train.micro_batch_size / c
+    sp = t if par.sequence_parallel and t > 1 else 1
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+    send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
+    step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
+
+    # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
+    # optimizer) or all-reduce (twice the bytes of a reduce-scatter); the last microbatch's
+    # backward and the first one's forward hide what overlaps. Megatron-FSDP does it for every
+    # microbatch (the weights twice, for forward and backward), behind every one's compute.
+    dense_p, expert_p = rank_params(costs.params, slowest)
+    grad = 4 if par.grad_reduce_in_fp32 else 2
+    sharded = cfg.optimizer.use_distributed_optimizer
+    dense_group = dp * c
+    edp = derived.expert_data_parallel_size or 1
+    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    e = par.expert_model_parallel_size if moe else 1
+    reduce, gather = 0.0, 0.0
+    for params, group, block in ((dense_p, dense_group, t * c * dp), (expert_p, edp, e * et * edp)):
+        if group > 1 and params:
+            bw = net if cluster.crosses(block) else nvl
+            share = params * (group - 1) / group / bw
+            reduce += grad * share * (1 if sharded else 2)
+            gather += 2 * share if sharded else 0.0
+    backward = 2 / 3 * totals[slowest]
+    if par.use_megatron_fsdp:  # per microbatch: weights gathered twice (BF16), grads scattered
+        reduce, gather = reduce * microbatches, gather * 2 * microbatches
+        backward, forward = backward * microbatches, totals[slowest] / 3 * microbatches
+    else:
+        forward = totals[slowest] / 3  # the first microbatch's
+    hidden = 0.0  # what overlaps compute slows it a little (SMs and HBM bandwidth taken)
+    if par.overlap_grad_reduce:
+        hidden, reduce = min(reduce, backward), max(0.0, reduce - backward)
+    if par.overlap_param_gather and sharded:
+        hidden, gather = hidden + min(gather, forward), max(0.0, gather - forward)
+    step["dp"] = reduce + gather + k["overlap_contention"] * hidden
+    shard = dense_p / dense_group + expert_p / edp if sharded else dense_p + expert_p
+    step["optimizer"] = k["optimizer_bytes"] * shard / (spec.hbm_gb_s * 1e9)
+
+    seconds = sum(step.values())
+    tokens_per_gpu = cfg.train.global_batch_size * m.seq_length / seconds / cluster.world_size
+    tflops = tokens_per_gpu * costs.flops_per_token / 1e12
+    peak, _ = gemm_peak(cfg, cluster, derived)
+    return StepTime(seconds, step, tokens_per_gpu, tflops, tflops / peak)
+
+
+def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
+    """(dense, expert) parameters a pipeline rank holds (p from shard_params)."""
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, *_ = load
+    moe_layers = moe + moe_rc
+    held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]
+    held += emb * p["embedding"] + out * p["output"]
+    return held, moe_layers * p["experts"]

@@ -1,0 +1,1 @@
+"""Architecture presets: the published sizes of each family, as plain numbers."""

@@ -1,0 +1,176 @@
+"""The `recipes` command through a subprocess, as a user runs it: output, exit codes, --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from recipes.registry import all_recipes
+from tests.support import children
+
+
+def recipes(*args: str) -> subprocess.CompletedProcess:
+    return children.run(
+        [sys.executable, "-m", "recipes", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_list_shows_every_recipe() -> None:
+    out = recipes("list")
+    assert out.returncode == 0, out.stderr
+    for name in all_recipes():
+        assert name in out.stdout
+
+
+def test_list_json() -> None:
+    rows = json.loads(recipes("list", "--json").stdout)
+    assert {r["name"] for r in rows} == set(all_recipes())
+    assert all(r["source"] for r in rows)
+
+
+def test_show_applies_overrides() -> None:
+    out = recipes("show", "llama3_8b_pretrain", "train.max_steps=17", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["train"]["max_steps"] == 17
+
+
+def test_check_published_recipe_is_valid() -> None:
+    out = recipes("check", "llama3_70b_pretrain")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fits" in out.stdout and "GiB" in out.stdout
+
+
+def test_check_json_fields() -> None:
+    out = recipes("check", "llama3_8b_pretrain", "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 0
+    for key in (
+        "valid",
+        "errors",
+        "world_size",
+        "data_parallel_size",
+        "memory_gib_per_gpu",
+        "gpu_memory_gib",
+        "model_tflops_per_token",
+    ):
+        assert key in report
+    assert report["valid"] is True and report["errors"] == []
+    assert report["memory_gib_per_gpu"] < report["gpu_memory_gib"]
+
+
+def test_context_parallel_on_one_gpu() -> None:
+    out = recipes(
+        "check",
+        "llama3_8b_pretrain",
+        "parallel.context_parallel_size=2",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+    )
+    assert out.returncode == 2
+    assert "parallel.context_parallel_size" in out.stdout and "world size 1" in out.stdout
+
+
+def test_70b_over_three_pipeline_stages() -> None:
+    out = recipes(
+        "check",
+        "llama3_70b_pretrain",
+        "parallel.pipeline_model_parallel_size=3",
+        "--nodes",
+        "12",
+        "--json",
+    )
+    assert out.returncode == 2
+    errors = json.loads(out.stdout)["errors"]
+    layer_errors = [
+        e
+        for e in errors
+        if e["field"] == "parallel.pipeline_model_parallel_size" and "num_layers=80" in e["message"]
+    ]
+    assert layer_errors, errors
+
+
+def test_fp8_on_a100() -> None:
+    out = recipes(
+        "check",
+        "llama3_8b_pretrain",
+        "--gpu",
+        "a100",
+        "precision=bf16_with_fp8_current_scaling_mixed",
+    )
+    assert out.returncode == 2
+    assert "precision" in out.stdout and "A100" in out.stdout and "FP8" in out.stdout
+
+
+def test_misspelled_field_gets_a_suggestion() -> None:
+    out = recipes("check", "llama3_8b_pretrain", "parallel.tensor_parallel_size=2")
+    assert out.returncode == 2
+    assert (
+        "parallel.tensor_parallel_size" in out.stderr and "tensor_model_parallel_size" in out.stderr
+    )
+
+
+def test_misspelled_field_json() -> None:
+    out = recipes("check", "llama3_8b_pretrain", "parallel.tensor_parallel_size=2", "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 2 and report["valid"] is False
+    assert report["errors"][0]["field"] == "parallel.tensor_parallel_size"
+
+
+NO_MODEL_PARALLEL = [
+    "parallel.tensor_model_parallel_size=1",
+    "parallel.pipeline_model_parallel_size=1",
+    "parallel.virtual_pipeline_model_parallel_size=None",
+    "parallel.sequence_parallel=false",
+]
+
+
+def test_70b_on_8_gpus_does_not_fit() -> None:
+    out = recipes(
+        "check", "llama3_70b_pretrain", "--nodes", "1", "--gpus-per-node", "8", *NO_MODEL_PARALLEL
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "DOES NOT FIT" in out.stdout and "GiB" in out.stdout
+    assert "predicted to fit with:" in out.stdout  # what would make it fit
+
+
+def test_70b_on_8_gpus_json() -> None:
+    out = recipes(
+        "check",
+        "llama3_70b_pretrain",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        *NO_MODEL_PARALLEL,
+        "--json",
+    )
+    report = json.loads(out.stdout)
+    assert out.returncode == 3
+    assert report["valid"] is True and report["fits"] is False
+    assert report["memory_gib_per_gpu"] > report["gpu_memory_gib"]
+    assert report["fixes"]
+
+
+def test_unknown_recipe() -> None:
+    out = recipes("check", "llama3_8b_pretrian")
+    assert out.returncode == 2 and "llama3_8b_pretrain" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["list", "check", "plan", "runs"])
+def test_fast_path_imports_no_torch(command: str) -> None:
+    """`list`, `check`, `plan` and `runs` answer at once on a login node: no torch, Megatron-Core
+    or NeMo-Run."""
+    args = [command] if command in ("list", "runs") else [command, "llama31_405b_pretrain"]
+    code = (
+        f"import sys, runpy; sys.argv = ['recipes', *{args!r}]\n"
+        "try:\n    runpy.run_module('recipes', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'megatron', 'nemo_run', 'fiddle') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr

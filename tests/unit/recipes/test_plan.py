@@ -1,0 +1,201 @@
+"""`recipes plan`: every plan is one that `recipes check` accepts and predicts to fit, the best-first
+search finds what an exhaustive search through `check` finds, pinned fields stay, and the CLI keeps
+its contract (JSON fields, exit codes).
+
+The accuracy of the step-time model against published runs is tests/unit/config/test_plan_calibration.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+
+import pytest
+
+from config.cost.steptime import predict
+from config.finalize import finalize
+from config.hardware import Cluster
+from config.tree import apply_overrides
+from recipes.check import check
+from recipes.cli import main
+from recipes.plan import (
+    MEMORY_MARGIN,
+    MICRO_BATCHES,
+    _apply,
+    _fsdp_runs,
+    _recomputes,
+    _shardings,
+    plan,
+    shapes,
+)
+from recipes.registry import resolve
+
+H100 = Cluster(1, 8, "h100")
+
+
+def _plans(recipe: str, overrides: list[str], cluster: Cluster, **kwargs) -> list:
+    _, cfg = resolve(recipe, overrides)
+    return plan(cfg, cluster, **kwargs)[0]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "cluster"),
+    [
+        ("llama3_8b_pretrain", H100),
+        ("llama3_70b_pretrain", Cluster(8, 8, "h100")),
+        ("qwen3_30b_a3b_pretrain", Cluster(2, 8, "h100")),
+        ("deepseek_v3_pretrain", Cluster(128, 8, "h100")),
+        ("mixtral_8x7b_pretrain_64gpu_b200_bf16", Cluster(8, 8, "b200")),
+    ],
+)
+def test_every_plan_is_valid_and_fits_by_check(recipe: str, cluster: Cluster) -> None:
+    """Applied to the recipe as a user would (the dotlist), each plan passes `check` with exit 0,
+    with the memory and step time the plan printed."""
+    plans = _plans(recipe, [], cluster)
+    assert len(plans) == 5
+    times = [p.step.seconds for p in plans]
+    assert times == sorted(times)
+    for p in plans:
+        _, cfg = resolve(recipe, p.overrides)
+        report = check(cfg, cluster)
+        assert report.exit_code == 0, (p.overrides, report.problems)
+        assert report.memory.total_gib == pytest.approx(p.memory.total_gib)
+        assert report.memory.total_gib <= cluster.spec.memory_gib * (1 - MEMORY_MARGIN)
+        step = predict(cfg, cluster, finalize(cfg, cluster))
+        assert step.seconds == pytest.approx(p.step.seconds)
+
+
+def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
+    """Every layout x micro batch x recompute x DDP or Megatron-FSDP through `check`, the fastest
+    of each group."""
+    _, cfg = resolve(recipe, [])
+    cfg.optimizer.use_distributed_optimizer = True
+    best: dict[tuple, float] = {}
+    limit = cluster.spec.memory_gib * (1 - MEMORY_MARGIN)
+    fsdp_runs = _fsdp_runs(cfg, cluster)
+    for shape in shapes(cfg, cluster, {}):
+        for mbs, recompute, fsdp in itertools.product(
+            MICRO_BATCHES, _recomputes(cfg, shape, {}), _shardings(shape, {}, fsdp_runs)
+        ):
+            trial = copy.deepcopy(cfg)
+            _apply(trial, shape, mbs, recompute, fsdp=fsdp)
+            report = check(trial, cluster, suggest_fixes=False)
+            if not report.valid or report.memory.total_gib > limit:
+                continue
+            seconds = predict(trial, cluster, report.derived).seconds
+            group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
+            best[group] = min(best.get(group, seconds), seconds)
+    return sorted(best.items(), key=lambda item: item[1])[:top]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "cluster"),
+    [("llama3_8b_pretrain", H100), ("qwen3_30b_a3b_pretrain", Cluster(1, 8, "b200"))],
+)
+def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cluster) -> None:
+    """The bound and the weights-only memory cut lose nothing."""
+    found = _plans(recipe, [], cluster, top=5)
+    expected = _exhaustive(recipe, cluster, 5)
+    got = [
+        ((p.shape.tp, p.shape.pp, p.shape.cp, p.shape.ep, p.shape.etp), p.step.seconds)
+        for p in found
+    ]
+    assert [g for g, _ in got] == [g for g, _ in expected]
+    assert [s for _, s in got] == pytest.approx([s for _, s in expected])
+
+
+def test_enumeration_covers_every_layout_check_accepts() -> None:
+    """Brute force over TP, CP, PP and VPP: whatever `check` accepts, the planner enumerates."""
+    _, cfg = resolve("llama3_8b_pretrain", [])
+    enumerated = {(s.tp, s.cp, s.pp, s.vpp) for s in shapes(cfg, H100, {})}
+    accepted = set()
+    for tp, cp, pp, vpp in itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (None, 2, 4, 8)
+    ):
+        trial = copy.deepcopy(cfg)
+        apply_overrides(
+            trial,
+            [
+                f"parallel.tensor_model_parallel_size={tp}",
+                f"parallel.context_parallel_size={cp}",
+                f"parallel.pipeline_model_parallel_size={pp}",
+                f"parallel.virtual_pipeline_model_parallel_size={vpp}",
+                f"parallel.sequence_parallel={str(tp > 1).lower()}",
+            ],
+        )
+        if check(trial, H100, suggest_fixes=False).valid:
+            accepted.add((tp, cp, pp, vpp))
+    assert accepted and accepted <= enumerated
+
+
+def test_fields_on_the_command_line_are_pinned() -> None:
+    pins = ["parallel.tensor_model_parallel_size=8", "train.micro_batch_size=1"]
+    _, cfg = resolve("llama3_70b_pretrain", pins)
+    from recipes.plan import pinned
+
+    plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins))[0]
+    assert plans
+    for p in plans:
+        assert pins[0] in p.overrides and pins[1] in p.overrides
+
+
+def test_sequence_parallel_pinned_off_stays_off() -> None:
+    pins = ["parallel.sequence_parallel=false"]
+    _, cfg = resolve("llama3_70b_pretrain", pins)
+    from recipes.plan import pinned
+
+    plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins), top=3)[0]
+    assert plans and all(pins[0] in p.overrides for p in plans)
+
+
+def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "llama3_8b_pretrain", "--top", "3", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert isinstance(plans, list) and len(plans) == 3
+    for entry in plans:
+        assert {"overrides", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu"} <= set(entry)
+        assert 0 < entry["mfu"] < 1 and entry["memory_gib_per_gpu"] < 79.2
+        _, cfg = resolve("llama3_8b_pretrain", entry["overrides"])
+        assert check(cfg, H100).exit_code == 0
+    assert plans[0]["tokens_per_s_per_gpu"] >= plans[-1]["tokens_per_s_per_gpu"]
+
+
+def test_plan_prints_a_table_and_the_command_to_run_the_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "llama3_70b_pretrain", "train.global_batch_size=512"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/GPU" in out and "bottleneck" in out
+    command = out.strip().splitlines()[-1].split()
+    assert command[:4] == ["recipes", "run", "llama3_70b_pretrain", "train.global_batch_size=512"]
+    # Eight nodes: the local executor runs one, so the command names a Slurm executor.
+    assert command[-8:] == [
+        "--nodes", "8", "--gpus-per-node", "8", "--gpu", "h100", "--executor", "slurm-bare"
+    ]  # fmt: skip
+    assert main([*command[1:], "--dryrun"]) == 0
+    assert "dry run: nothing submitted" in capsys.readouterr().out
+
+
+def test_plan_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    # Invalid whatever the layout: the checker's problems, exit 2.
+    assert main(["plan", "llama3_8b_pretrain", "precision=bf16_with_mxfp8_mixed"]) == 2
+    assert "precision" in capsys.readouterr().out
+    # Nothing fits on one node: exit 3.
+    assert main(["plan", "llama31_405b_pretrain", "--nodes", "1"]) == 3
+    assert "no layout fits" in capsys.readouterr().out
+    assert main(["plan", "llama3_8b_pretrain", "--gpu", "cpu"]) == 2
+    assert "--gpu" in capsys.readouterr().err
+    assert main(["plan", "llama3_8b_pretrain", "--top", "0"]) == 2
+
+
+def test_lora_prices_frozen_weights_at_two_thirds_of_the_gemm_time() -> None:
+    """No weight gradient for a frozen weight: 4 of the 6 FLOPs a trained one takes."""
+    from config.cost.steptime import layer_costs
+
+    _, full = resolve("llama3_8b_sft", [])
+    _, lora = resolve("llama3_8b_sft", ["peft.scheme=lora"])
+    a = layer_costs(full, H100, finalize(full, H100))
+    b = layer_costs(lora, H100, finalize(lora, H100))
+    for part in ("dense", "moe", "output"):
+        assert getattr(b, part)["gemm"] == pytest.approx(getattr(a, part)["gemm"] * 2 / 3)

@@ -1,0 +1,288 @@
+"""Nothing wrong is loaded: damaged checkpoints are found by the manifest and passed over for an
+older intact one, and a checkpoint crafted to run code runs none. In-process, one gloo rank.
+
+One run saves iter_0000002 and iter_0000004 (module fixture); each case copies that folder, damages
+the newest checkpoint one way, and resumes a fresh trainer from the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.support import children
+from tests.unit.training.test_engine import one_rank, tiny, trainer_for  # noqa: F401 (a fixture)
+from training.checkpoint import dirs
+
+
+def checkpointer(run_dir: Path, save_dir: Path, max_steps: int = 4) -> tuple[Any, Any]:
+    from training.checkpoint.store import Checkpointer
+
+    cfg = tiny(run_dir, max_steps=max_steps)
+    cfg.checkpoint.save_dir, cfg.checkpoint.save_interval = str(save_dir), 2
+    trainer = trainer_for(cfg)
+    states = trainer.checkpoint_states()
+    ckpt = Checkpointer(
+        cfg, run_dir, "cpu", model=trainer.model, optimizer=trainer.optimizer, states=states
+    )
+    return trainer, ckpt
+
+
+@pytest.fixture(scope="module")
+def saved(one_rank: None, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    root = tmp_path_factory.mktemp("saved")
+    trainer, ckpt = checkpointer(root / "run", root / "ckpt")
+    try:
+        trainer.train([ckpt])
+    finally:
+        trainer.close()
+    assert [p.name for p in dirs.complete_checkpoints(root / "ckpt")] == [
+        "iter_0000002",
+        "iter_0000004",
+    ]
+    return root / "ckpt"
+
+
+def resume(save_dir: Path, run_dir: Path) -> tuple[Any, Any]:
+    """A fresh trainer resumed from save_dir; (its checkpointer, the resumed folder)."""
+    trainer, ckpt = checkpointer(run_dir, save_dir)
+    try:
+        return ckpt, ckpt.resume()
+    finally:
+        trainer.close()
+
+
+class Payload:
+    """Unpickling this runs `touch <marker>`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def flip_a_byte(folder: Path) -> str:
+    shard = folder / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    return "__0_0.distcp does not match its SHA-256"
+
+
+def truncate_a_shard(folder: Path) -> str:
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    return "__0_0.distcp has 100 bytes"
+
+
+def remove_the_metadata(folder: Path) -> str:
+    (folder / ".metadata").unlink()
+    return ".metadata is missing"
+
+
+def empty_the_train_state(folder: Path) -> str:
+    (folder / dirs.STATE_FILE).write_text("")
+    return f"{dirs.STATE_FILE} has 0 bytes"
+
+
+def truncate_the_rng_file(folder: Path) -> str:
+    rng = folder / "rng" / "rank_00000.pt"
+    rng.write_bytes(rng.read_bytes()[:50])
+    return "rank_00000.pt has 50 bytes"
+
+
+def remove_the_manifest(folder: Path) -> str:
+    (folder / dirs.MANIFEST_FILE).unlink()
+    return "manifest.json is missing"
+
+
+DAMAGE: dict[str, Callable[[Path], str]] = {
+    f.__name__: f
+    for f in (
+        flip_a_byte,
+        truncate_a_shard,
+        remove_the_metadata,
+        empty_the_train_state,
+        truncate_the_rng_file,
+        remove_the_manifest,
+    )
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_newest_checkpoint_is_named_and_the_older_one_resumed(
+    saved: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture
+) -> None:
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(saved, save_dir)
+    newest = save_dir / "iter_0000004"
+    expected = DAMAGE[damage](newest)
+    ckpt, path = resume(save_dir, tmp_path / "run")
+    assert path == save_dir / "iter_0000002" and ckpt.step == 2
+    out = capsys.readouterr().out
+    assert f"checkpoint: {newest} cannot be resumed from: " in out and expected in out
+    assert f"resumed from {save_dir / 'iter_0000002'} at step 2" in out
+    (rejected,) = ckpt.resumed["rejected"]
+    assert rejected["checkpoint"] == str(newest) and expected in rejected["problem"]
+
+
+def test_a_garbled_latest_is_reported_and_ignored(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(saved, save_dir)
+    (save_dir / dirs.LATEST_FILE).write_bytes(b"\xff\xfe")
+    ckpt, path = resume(save_dir, tmp_path / "run")
+    assert path == save_dir / "iter_0000004" and ckpt.resumed["rejected"] == []
+    assert f"{save_dir / dirs.LATEST_FILE} cannot be read" in capsys.readouterr().out
+
+
+def test_with_every_checkpoint_damaged_the_run_stops_and_names_each(
+    saved: Path, tmp_path: Path
+) -> None:
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(saved, save_dir)
+    flip_a_byte(save_dir / "iter_0000004")
+    remove_the_metadata(save_dir / "iter_0000002")
+    with pytest.raises(RuntimeError) as err:
+        resume(save_dir, tmp_path / "run")
+    text = str(err.value)
+    assert f"no checkpoint in {save_dir} can be resumed from" in text
+    assert str(save_dir / "iter_0000004") in text and str(save_dir / "iter_0000002") in text
+    assert "move them away to start afresh" in text
+
+
+def rewrite_manifest(folder: Path) -> None:
+    """What someone crafting a checkpoint would do: a manifest that matches the files."""
+    dirs.write_manifest(folder, dirs.file_digests(folder, dirs.checkpoint_files(folder)))
+
+
+def craft_rng(folder: Path, marker: Path) -> None:
+    torch.save({"python": Payload(marker)}, folder / "rng" / "rank_00000.pt")
+
+
+def craft_metadata(folder: Path, marker: Path) -> None:
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+
+
+def craft_data_position(folder: Path, marker: Path) -> None:
+    torch.save({"consumed_samples": Payload(marker)}, folder / "data" / "rank_00000.pt")
+
+
+@pytest.mark.parametrize("craft", [craft_rng, craft_metadata, craft_data_position])
+def test_a_crafted_checkpoint_runs_no_code(
+    saved: Path, tmp_path: Path, craft: Callable[[Path, Path], None]
+) -> None:
+    """checkpoint.load_dir pointed at someone else's folder: its files are refused, not run."""
+    load_dir = tmp_path / "theirs"
+    shutil.copytree(saved, load_dir)
+    marker = tmp_path / "pwned"
+    for folder in dirs.complete_checkpoints(load_dir):
+        craft(folder, marker)
+        rewrite_manifest(folder)
+    from training.checkpoint.store import Checkpointer
+
+    cfg = tiny(tmp_path / "run", max_steps=4)
+    cfg.checkpoint.load_dir = str(load_dir)
+    trainer = trainer_for(cfg)
+    try:
+        ckpt = Checkpointer(
+            cfg,
+            tmp_path / "run",
+            "cpu",
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            states=trainer.checkpoint_states(),
+        )
+        with pytest.raises(RuntimeError, match="can be resumed from") as err:
+            ckpt.resume()
+    finally:
+        trainer.close()
+    assert not marker.exists(), "loading the checkpoint ran a command"
+    assert "system" in str(err.value)  # the refused global is named
+
+
+def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> None:
+    """Through the entry point: the metrics say where the run resumed and what it passed over."""
+    from training.entry import pretrain
+
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(saved, save_dir)
+    flip_a_byte(save_dir / "iter_0000004")
+    cfg = tiny(tmp_path / "run", max_steps=3)
+    cfg.checkpoint.save_dir = str(save_dir)
+    pretrain(cfg)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    event, step = lines
+    assert event["event"] == "resumed" and event["step"] == 2 and event["resumed_step"] == 2
+    assert event["checkpoint"] == str(save_dir / "iter_0000002")
+    assert event["rejected"][0]["checkpoint"] == str(save_dir / "iter_0000004")
+    assert step["step"] == 3 and "event" not in step
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 2.5 MB tmpfs: room for one checkpoint of the tiny model (1.6 MB), not two."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = children.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield mount
+    children.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
+    one_rank: None,  # noqa: F811
+    small_disk: Path,
+    tmp_path: Path,
+) -> None:
+    save_dir = small_disk / "ckpt"
+    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
+    try:
+        with pytest.raises(OSError) as err:
+            trainer.train([ckpt])
+    finally:
+        trainer.close()
+    text = str(err.value)
+    assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
+    assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
+    assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+
+
+def test_a_run_that_finished_is_not_failed_by_its_last_write(
+    one_rank: None,  # noqa: F811
+    small_disk: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The disk fills up after the last step: the plot cannot be written, the run still ends."""
+
+    class FillTheDisk:
+        def after_step(self, trainer: Any, stopping: bool) -> None:
+            pass
+
+        def at_end(self, trainer: Any) -> None:
+            with open(small_disk / "filler", "wb") as f, pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+
+    trainer = trainer_for(tiny(small_disk / "run", max_steps=2))
+    try:
+        trainer.train([FillTheDisk()])
+    finally:
+        trainer.close()  # must not raise
+    err = capsys.readouterr().err
+    assert f"metrics: could not finish {small_disk / 'run' / 'training.png'}" in err
+    assert "No space left on device" in err

@@ -1,0 +1,141 @@
+"""`recipes import` and `recipes export`: bit-for-bit round trips, the imported checkpoint as a
+fine-tuning start, and a fine-tuned model that transformers loads with a lower loss.
+
+transformers is the oracle: the folders are tiny random models it made and saved, and it reads
+what `export` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipes.cli import main
+from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
+from tests.unit.models.test_hf_llama import tiny_llama
+from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_rank")
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from training.hf.convert import iter_tensors
+
+    return dict(iter_tensors(folder))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_import_then_export_gives_every_tensor_back_bit_for_bit(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    model = tiny_llama(tmp_path / "made")
+    model.to(dtype).save_pretrained(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert (tmp_path / "imported" / "latest").read_text().strip() == "iter_0000000"
+    # Files of at most ~50 KB: several shards and their index, as save_pretrained shards.
+    export = [
+        "export",
+        str(tmp_path / "imported"),
+        str(tmp_path / "back"),
+        "--max-shard-gb",
+        "5e-5",
+    ]
+    assert main(export) == 0
+    index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    original, back = tensors(tmp_path / "hf"), tensors(tmp_path / "back")
+    assert sorted(back) == sorted(original) == sorted(index["weight_map"])
+    for name, value in original.items():
+        assert back[name].dtype == value.dtype == dtype, name
+        assert torch.equal(back[name], value), name
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back")
+    assert reloaded.config.num_hidden_layers == 2
+
+
+def test_an_imported_checkpoint_starts_a_run_with_the_folders_logits(tmp_path: Path) -> None:
+    reference = tiny_llama(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    cfg = hf_config(tmp_path / "hf", tmp_path / "run")
+    cfg.checkpoint.pretrained_dir = str(tmp_path / "imported")
+    trainer = engine_from_hf(cfg, tmp_path / "run")
+    try:
+        tokens = torch.randint(0, 200, (2, 32), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            theirs = reference(tokens).logits
+        torch.testing.assert_close(gpt_logits(trainer, tokens), theirs, rtol=1e-5, atol=1e-5)
+    finally:
+        trainer.close()
+
+
+def test_fine_tuned_from_a_folder_exported_and_loaded_by_transformers_with_lower_loss(
+    tmp_path: Path,
+) -> None:
+    from training.checkpoint.store import Checkpointer
+
+    reference = tiny_llama(tmp_path / "hf")
+    cfg = hf_config(tmp_path / "hf", tmp_path / "run")
+    cfg.train.max_steps = 8
+    cfg.scheduler.warmup_steps = 1
+    cfg.optimizer.lr = 3e-3
+    trainer = engine_from_hf(cfg, tmp_path / "run")
+    try:
+        # The mock data's first batch: what the loss is measured on, before and after.
+        tokens = trainer.batches.next_step()[0]["tokens"]
+        trainer.batches.load_state_dict({"consumed_samples": 0})
+        checkpointer = Checkpointer(
+            cfg,
+            tmp_path / "run",
+            "cpu",
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            states=trainer.checkpoint_states(),
+        )
+        trainer.train(hooks=[checkpointer])
+        checkpointer.close()
+    finally:
+        trainer.close()
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "run" / "checkpoints"), str(out)]) == 0
+    tuned = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        before = reference(tokens, labels=tokens).loss.item()
+        after = tuned(tokens, labels=tokens).loss.item()
+    assert after < before - 0.1, (before, after)
+
+
+def test_export_refuses_a_folder_that_is_not_empty_and_import_a_missing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_llama(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
+    assert "is not a Hugging Face model folder" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "full")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_the_tokenizer_files_travel_with_the_weights(tmp_path: Path) -> None:
+    """A folder's tokenizer (a BPE trained here, with its tokenizer_config.json) comes out of
+    import + export unchanged, and transformers' AutoTokenizer reads the same ids from both."""
+    from data.tools.make_tokenizer import train_bpe_tokenizer
+
+    tiny_llama(tmp_path / "hf")
+    texts = ["the quick brown fox jumps over the lazy dog"] * 50
+    train_bpe_tokenizer(texts=texts, vocab_size=300, out=tmp_path / "hf" / "tokenizer.json")
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "back" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
+    auto = transformers.AutoTokenizer
+    text = "the lazy fox"
+    ids = auto.from_pretrained(tmp_path / "back")(text)["input_ids"]
+    assert ids == auto.from_pretrained(tmp_path / "hf")(text)["input_ids"] and ids

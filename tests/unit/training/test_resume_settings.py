@@ -1,0 +1,139 @@
+"""Resuming with changed settings, decided before launch (launchers/resume.py): what cannot change
+is refused naming the field, the checkpoint's value and the new one, and nothing is written; what
+can change (the LR schedule, a longer train.max_steps) follows the new config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from config.tree import ConfigError, differences, to_dict
+from launchers.resume import check_resume
+from recipes.cli import main
+from recipes.registry import resolve
+from tests.support import children
+from training.checkpoint import dirs
+
+
+def saved_run(tmp_path: Path, step: int, overrides: list[str]) -> Path:
+    """A run folder whose checkpoints/ holds a complete checkpoint of `overrides` at `step`."""
+    _, cfg = resolve("tiny_gpt_pretrain", overrides)
+    folder = tmp_path / "run" / "checkpoints" / dirs.iter_name(step)
+    folder.mkdir(parents=True)
+    state = {"step": step, "config": to_dict(cfg)}
+    (folder / dirs.STATE_FILE).write_text(json.dumps(state))
+    return tmp_path / "run"
+
+
+def problems(run_dir: Path, overrides: list[str]) -> dict[str, str]:
+    _, cfg = resolve("tiny_gpt_pretrain", overrides)
+    try:
+        check_resume(cfg, run_dir)
+    except ConfigError as err:
+        return dict(err.problems)
+    return {}
+
+
+def test_changes_that_cannot_take_effect_are_refused_naming_both_values(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    found = problems(run_dir, ["optimizer.lr=5e-4", "model.num_layers=6"])
+    assert set(found) == {"optimizer.lr", "model.num_layers"}
+    assert "0.0005" in found["optimizer.lr"] and "0.001" in found["optimizer.lr"]
+    assert "checkpoint.pretrained_dir=" in found["model.num_layers"]
+
+
+def test_max_steps_at_or_below_the_checkpoint_says_so(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    assert "at step 10" in problems(run_dir, ["train.max_steps=10"])["train.max_steps"]
+    assert problems(run_dir, ["train.max_steps=11"]) == {}
+
+
+def test_the_schedule_and_a_longer_run_may_change(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    changed = ["train.max_steps=80", "scheduler.warmup_steps=2", "scheduler.decay_style=linear"]
+    assert problems(run_dir, changed) == {}
+    _, cfg = resolve("tiny_gpt_pretrain", changed)
+    saved = json.loads((run_dir / "checkpoints/iter_0000010" / dirs.STATE_FILE).read_text())
+    assert set(differences(saved["config"], cfg)) == {
+        "train.max_steps",
+        "scheduler.warmup_steps",
+        "scheduler.decay_style",
+    }
+
+
+def test_a_refused_resume_launches_nothing_and_leaves_config_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    (run_dir / "config.yaml").write_text("the run's own config\n")
+    code = main(["run", "tiny_gpt_pretrain", f"logging.run_dir={run_dir}", "optimizer.lr=5e-4"])
+    assert code == 2
+    assert "optimizer.lr" in capsys.readouterr().err
+    assert (run_dir / "config.yaml").read_text() == "the run's own config\n"
+
+
+def test_the_scheduler_follows_the_new_config_on_resume() -> None:
+    """Megatron-Core's OptimizerParamScheduler, as training/build.py makes it: the checkpoint gives
+    the step, the config the schedule (a longer max_steps stretches the decay)."""
+    torch = pytest.importorskip("torch")
+    from training.build import build_scheduler
+
+    _, short = resolve("tiny_gpt_pretrain", ["train.max_steps=40"])
+    _, longer = resolve("tiny_gpt_pretrain", ["train.max_steps=400"])
+    param = torch.nn.Parameter(torch.zeros(1))
+
+    def optimizer() -> torch.optim.Optimizer:
+        opt = torch.optim.SGD([param], lr=0.0)
+        opt.param_groups[0].update(max_lr=short.optimizer.lr, min_lr=short.optimizer.min_lr)
+        return opt
+
+    first = build_scheduler(short, optimizer())
+    first.step(20)
+    resumed = build_scheduler(longer, optimizer())
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.num_steps == 20 and resumed.lr_decay_steps == 400
+    assert resumed.get_lr(resumed.optimizer.param_groups[0]) > first.get_lr(
+        first.optimizer.param_groups[0]
+    )
+
+
+def test_another_layout_is_refused_with_a_dp_reshardable_optimizer(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    found = problems(run_dir, ["parallel.tensor_model_parallel_size=1"])
+    assert "dp_reshardable" in found["parallel.tensor_model_parallel_size"]
+
+
+def test_another_recipe_in_the_folder_is_refused(tmp_path: Path) -> None:
+    run_dir = saved_run(tmp_path, 10, [])
+    _, cfg = resolve("tiny_moe_pretrain", [])
+    with pytest.raises(ConfigError) as err:
+        check_resume(cfg, run_dir)
+    assert "tiny_gpt_pretrain" in dict(err.value.problems)["checkpoint.save_dir"]
+
+
+def test_a_live_run_holds_its_folder_and_a_dead_one_does_not(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    code = (
+        "import sys, time; from pathlib import Path; from training.checkpoint.dirs import RunLock\n"
+        f"lock = RunLock(Path({str(folder)!r}))\n"
+        "assert lock.acquire({'host': 'h', 'pid': 1, 'recipe': 'r'}) is None\n"
+        "print('locked', flush=True); time.sleep(60)\n"
+    )
+    with children.started(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout.readline().strip() == "locked"
+        _, cfg = resolve("tiny_gpt_pretrain", [])
+        with pytest.raises(ConfigError) as err:
+            check_resume(cfg, tmp_path / "run")
+        assert "in use by another run" in dict(err.value.problems)["checkpoint.save_dir"]
+        assert '"recipe": "r"' in dict(err.value.problems)["checkpoint.save_dir"]
+        holder.kill()  # dies without releasing: the kernel drops its lock
+    check_resume(cfg, tmp_path / "run")

@@ -1,0 +1,1 @@
+"""The Hugging Face bridge: `recipes import` and `recipes export` (weights and LoRA adapters)."""

@@ -1,0 +1,1 @@
+"""Resilience: exit signals and time limits, the hang watchdog, straggler detection, in-process restart."""
