@@ -1,11 +1,16 @@
-"""Shared test setup: no test writes to the user's home or reaches a hub; GPU tests skip without one."""
+"""Shared test setup: no test writes to the user's home or reaches a hub; GPU tests skip without
+one; no process a test starts outlives it (tests/support/children.py)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+from collections.abc import Iterator
 
 import pytest
+
+from tests.support import children
 
 # Before any test imports NeMo-Run, matplotlib or HF code: their caches go to a throwaway folder,
 # and nothing may try a hub download.
@@ -16,15 +21,40 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to pytest: handled as a Ctrl-C, so that every `finally` (and fixture
+    teardown) runs and stops the children, instead of pytest dying with them still running."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated(f"pytest got {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """The notices a run keeps out of its ranks' logs (training/quiet.py NOISE) are kept out of
-    the warnings summary too, so that what is left there is news (pyproject.toml: the others)."""
+    """SIGTERM and SIGHUP end the session as Ctrl-C does. The notices a run keeps out of its
+    ranks' logs (training/quiet.py NOISE) are kept out of the warnings summary too, so that what
+    is left there is news (pyproject.toml: the others)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminated)
     from training.quiet import NOISE
 
     for notice in NOISE:
         if notice.warning is not None:
             line = f"ignore:{notice.pattern}:{notice.warning.__name__}"
             config.addinivalue_line("filterwarnings", line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    children.sweep()  # whatever is left, e.g. a daemon that re-parented a job's processes
+
+
+@pytest.fixture(autouse=True)
+def _children_end_with_the_test() -> Iterator[None]:
+    """Children a test started and left running stop when it ends (a fixture's stop at its own
+    teardown: they were started before this fixture)."""
+    before = children.count()
+    yield
+    children.stop_all(since=before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -111,12 +111,33 @@ def set_seeds(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def destroy(process_group: bool = True) -> None:
-    """Tear down Megatron-Core's groups and, with `process_group`, the default group (safe to
-    call twice)."""
+def process_groups() -> frozenset[dist.ProcessGroup]:
+    """The torch.distributed process groups this process holds now, the default one included."""
+    if not dist.is_initialized():
+        return frozenset()
+    return frozenset(dist.distributed_c10d._world.pg_map)
+
+
+def destroy(keep: frozenset[dist.ProcessGroup] = frozenset()) -> None:
+    """Tear down Megatron-Core's groups and every process group not in `keep` (safe to call twice).
+
+    `keep`: what existed before the caller built its own (`process_groups()` then), e.g. the
+    default group of a process that trains several runs in a row. Megatron-Core's
+    destroy_model_parallel only forgets its groups: torch keeps each one registered, and a gloo
+    group holds its worker and transport threads (NCCL its communicators and watchdog) until it
+    is destroyed here and no object refers to it any more (training/entry.py `pretrain` sees to
+    that), so every run in the same process would add its ~20 groups to the last run's.
+    """
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    if process_group and dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    if dist.group.WORLD not in keep:  # the default group goes, and every group with it
         dist.destroy_process_group()
+        return
+    created = [group for group in dist.distributed_c10d._world.pg_map if group not in keep]
+    # Newest first, on every rank in the same order (NCCL's abort was collective in some versions).
+    for group in reversed(created):
+        dist.destroy_process_group(group)

@@ -129,6 +129,7 @@ class Trainer:
         self.cfg, self.derived, self.device, self.run_dir = cfg, derived, device, run_dir
         self.peak_tflops = peak_tflops  # per GPU in the run's GEMM precision; None: no MFU (CPU)
         self.progress = TrainProgress()
+        self._groups_before = distributed.process_groups()  # close() destroys the ones it builds
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
         # Every rank of a replica (its TP, PP and CP ranks) reads that replica's samples.
@@ -277,14 +278,23 @@ class Trainer:
 
     def close(self) -> None:
         """Close the logs and leave Megatron-Core's process state as a new process has it: no
-        model-parallel groups, and none of the per-layer metric trackers (MoE load-balancing and
-        MTP losses) that its layers record into. Megatron-LM reports and zeroes those each step;
-        this engine does not read them, and a tracker sized by this model's layers would make the
-        next model in the same process (tests/smoke/run_many.py) index past its end."""
+        model-parallel groups (torch's groups that this Trainer built are destroyed too), and none
+        of the per-layer metric trackers (MoE load-balancing and MTP losses) that its layers record
+        into. Megatron-LM reports and zeroes those each step; this engine does not read them, and a
+        tracker sized by this model's layers would make the next model in the same process
+        (tests/smoke/run_many.py) index past its end. The rotary embeddings' forward caches
+        (lru_cache on the class) go as well: they hold the module, through it the model's config
+        and DDP, and so every process group of the model, for the life of the process."""
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+        from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+            YarnRotaryEmbedding,
+        )
         from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker
         from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
         self.logger.close()
         destroy_moe_metrics_tracker()
         MTPLossLoggingHelper.tracker.clear()
-        distributed.destroy(process_group=False)
+        RotaryEmbedding.forward.cache_clear()
+        YarnRotaryEmbedding.forward.cache_clear()
+        distributed.destroy(keep=self._groups_before)

@@ -9,8 +9,10 @@ stays free of torch and Megatron-Core; `pretrain` imports the engine when it run
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -84,12 +86,14 @@ def pretrain(
     from training.resilience.stop import StopPolicy
     from training.resilience.watchdog import watchdog_for
 
-    owns_group = False
-    trainer = stop = None
+    # What exists before this run (a caller's default group) stays; whatever it builds goes.
+    groups_before = distributed.process_groups()
+    trainer = checkpoints = stop = None
+    failed = False
     # From before the rendezvous: a start-up that hangs is a hang too.
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
-        owns_group = distributed.init_process_group(launch_from_env(), device, store=store)
+        distributed.init_process_group(launch_from_env(), device, store=store)
         # MFU against the peak the planner predicts it against; none on the CPU (a peak of 0).
         peak, _ = gemm_peak(config, cluster, derived)
         trainer = Trainer(config, derived, device, run_dir, peak or None)
@@ -106,15 +110,28 @@ def pretrain(
         checkpoints.resume()  # from the newest complete checkpoint, if any: job chains
         stop = StopPolicy(config.train.exit_duration_minutes, trainer.torch_device)
         trainer.train([checkpoints, *hooks], stop, resumed=checkpoints.resumed, watchdog=watchdog)
+    except BaseException as err:
+        failed = True
+        # The frames this error passed through hold the model and the optimizer, and so their
+        # process groups; whoever keeps the error (the in-process restart's Wrapper does) would
+        # keep those too. Their locals go; the traceback still names every line.
+        traceback.clear_frames(err.__traceback__)
+        raise
     finally:
         if watchdog is not None:
             watchdog.stop()
         if stop is not None:
             stop.close()
+        if checkpoints is not None:
+            checkpoints.close(abort=failed)
         if trainer is not None:
             trainer.close()
-        # A process group that existed before this call (several runs in one group) stays.
-        distributed.destroy(process_group=owns_group)
+        trainer = checkpoints = stop = None
+        distributed.destroy(keep=groups_before)
+        # A destroyed group keeps its threads (gloo's workers, NCCL's watchdog) until the object
+        # is freed, and the model that refers to it is held in reference cycles (module <->
+        # DDP hooks <-> config): collect them now, not whenever the next collection happens.
+        gc.collect()
 
 
 def run(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
@@ -123,7 +140,7 @@ def run(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:
     if config.resilience.inprocess_restart:
         from training.inprocess import pretrain_restartable
 
-        pretrain_restartable(config, hooks)
+        pretrain_restartable(pretrain, config, hooks)
     else:
         pretrain(config, hooks)
 

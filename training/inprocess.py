@@ -11,9 +11,11 @@ Two stores, apart from torchrun's (MASTER_PORT): the Wrapper's own (MASTER_PORT 
 barriers, heartbeats and rank assignment) and one for the process groups (MASTER_PORT + 1), under
 a fresh prefix per attempt so that no attempt reads the rendezvous keys of the one before.
 
-Tested on 2 CPU ranks (gloo) with nvidia-resiliency-ext 0.6.0, not on GPUs. Seen there: the
-aborted attempt's model and optimizer stay alive after the restart (Megatron-Core's DDP is held
-by its hooks), so on a GPU a restart may keep the previous attempt's memory: measure it first.
+Tested on 2 CPU ranks (gloo) with nvidia-resiliency-ext 0.6.0, not on GPUs. A failed attempt's
+`pretrain` releases its model, optimizer and process groups before the Wrapper restarts it
+(training/entry.py): ten attempts leave as many threads as one
+(tests/smoke/test_pretrain_releases.py). That the previous attempt's GPU memory is freed as well
+follows, but has not been measured.
 """
 
 # No `from __future__ import annotations` here: the Wrapper hands its CallWrapper to the parameter
@@ -21,7 +23,7 @@ by its hooks), so on a GPU a restart may keep the previous attempt's memory: mea
 
 import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -69,13 +71,15 @@ def import_inprocess() -> ModuleType:
 CPU_COLLECTIVE_TIMEOUT = timedelta(seconds=30)
 
 
-def pretrain_restartable(config: TrainingConfig, hooks: Sequence["Hook"] = ()) -> None:
+def pretrain_restartable(
+    pretrain: Callable[..., None], config: TrainingConfig, hooks: Sequence["Hook"] = ()
+) -> None:
     """`pretrain(config, hooks)`, called again in this process (up to
-    resilience.inprocess_max_restarts times) when any rank raises."""
+    resilience.inprocess_max_restarts times) when any rank raises. `pretrain` is the entry point's
+    (training/entry.py), handed in: the entry point calls this module, never the other way."""
     import torch.distributed as dist
 
     from training import distributed
-    from training.entry import pretrain
     from training.ranks import launch_from_env
 
     inprocess = import_inprocess()

@@ -7,7 +7,6 @@ Marked `gpu`: skipped where torch sees no CUDA device. `make gpu-check` runs the
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from tests.gpu.test_gpu import CUDA, assert_learns
 from tests.smoke.conftest import REPO, Runs, _env, resolved_config
 from tests.smoke.run_many import read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_llava_trains_on_one_gpu(tmp_path: Path) -> None:
         "train.max_steps=20",
         "train.global_batch_size=4",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    proc = children.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses = [r["loss"] for r in read_metrics(tmp_path / "run")]
     assert len(losses) == 20 and sum(losses[:3]) / 3 - sum(losses[-3:]) / 3 > 1.0, losses

@@ -18,9 +18,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.support import children
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).parents[2]
@@ -34,7 +37,7 @@ def unavailable(reason: str) -> None:
 
 
 def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return children.run(
         argv, capture_output=True, text=True, timeout=kwargs.pop("timeout", 60), **kwargs
     )
 
@@ -101,11 +104,10 @@ def start_munge(root: Path) -> subprocess.Popen | None:
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     if not Path("/etc/munge/munge.key").exists():
         run("mungekey", "--create")  # Debian's postinst normally does this
-    proc = subprocess.Popen(
-        ["munged", "--foreground", "--force"],
-        stdout=subprocess.DEVNULL,
-        stderr=open(root / "munged.log", "w"),
-    )
+    with open(root / "munged.log", "w") as log:
+        proc = children.start(
+            ["munged", "--foreground", "--force"], stdout=subprocess.DEVNULL, stderr=log
+        )
     for _ in range(50):
         if run("bash", "-c", "munge -n | unmunge").returncode == 0:
             return proc
@@ -127,11 +129,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     conf.write_text(slurm_conf(root, host))
     caches = {name: str(root / "cache") for name in ("NEMORUN_HOME", "HF_HOME", "MPLCONFIGDIR")}
     env = os.environ | caches | {"SLURM_CONF": str(conf)}
-    procs = [p for p in [start_munge(root)] if p]
+    procs = []
     try:
+        procs += [p for p in [start_munge(root)] if p]
         for daemon in (["slurmctld", "-D", "-c", "-i"], ["slurmd", "-D", "-N", host]):
-            log = open(root / f"{daemon[0]}.out", "w")
-            procs.append(subprocess.Popen(daemon, env=env, stdout=log, stderr=subprocess.STDOUT))
+            with open(root / f"{daemon[0]}.out", "w") as log:
+                procs.append(children.start(daemon, env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
         while run("sinfo", "-h", "-o", "%T", env=env).stdout.strip() != "idle":
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -144,12 +147,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             time.sleep(0.5)
         yield env
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if any(proc.args[0] == "slurmctld" for proc in procs):
+            run("scancel", "--partition", "debug", env=env)  # whatever job a test left running
+        for proc in reversed(procs):  # with the job steps they started
+            children.stop(proc, grace_s=15)
 
 
 def profile(tmp_path: Path) -> Path:
@@ -176,11 +177,30 @@ def submit(
         "cpu",
     ]
     argv += [f"logging.run_dir={run_dir}", "logging.tensorboard=false", *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    # The job outlives the command that submits it: `cancelled` ends it, or the fixture's end.
+    done = children.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+        keep_descendants=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     ids = re.search(r"submitted slurm-bare job\(s\): ([\d ]+)", done.stdout).group(1).split()
     return ids, done.stdout
+
+
+@contextmanager
+def cancelled(env: dict[str, str], ids: list[str]) -> Iterator[None]:
+    """The jobs end with the block, however it ends (a job that has ended already stays as it
+    is): a test that fails or is interrupted while it waits for them leaves none running."""
+    try:
+        yield
+    finally:
+        run("scancel", *ids, env=env)
 
 
 def wait_for(env: dict[str, str], job_id: str, timeout: float = 400) -> str:
@@ -229,9 +249,10 @@ def chain(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> di
     run_dir = tmp / "chain run"
     ids, out = submit(slurm, tmp, run_dir, "--chain", "2", "train.max_steps=100")
     states = []
-    for job in ids:
-        signal_when_training(slurm, run_dir, job)
-        states.append(wait_for(slurm, job))
+    with cancelled(slurm, ids):
+        for job in ids:
+            signal_when_training(slurm, run_dir, job)
+            states.append(wait_for(slurm, job))
     logs = [log_of(run_dir, job) for job in ids]
     return {"ids": ids, "out": out, "states": states, "logs": logs, "run_dir": run_dir}
 
@@ -289,9 +310,10 @@ def test_a_failed_job_requeues_and_resumes(
         "resilience.max_requeues=1",
     )
     (job,) = ids
-    wait_for_checkpoint(run_dir, job, 4)
-    assert run("scancel", "--signal=USR2", job, env=slurm).returncode == 0
-    state = wait_for(slurm, job)
+    with cancelled(slurm, ids):
+        wait_for_checkpoint(run_dir, job, 4)
+        assert run("scancel", "--signal=USR2", job, env=slurm).returncode == 0
+        state = wait_for(slurm, job)
     log = log_of(run_dir, job)
     assert state == "COMPLETED", log[-3000:]
     assert "requeueing job " + job + ", requeue 1 of 1 (resilience.max_requeues)" in log, log[

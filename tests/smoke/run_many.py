@@ -36,15 +36,15 @@ import re
 import subprocess
 import sys
 import traceback
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.support import children
+
 MARK = "run_many:"
-LAUNCH_MARKER = "RECIPES_TEST_LAUNCH"  # in the environment of every process of one client launch
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
         _say(launch.rank, f"done {name}")
     if owns_group:
-        distributed.destroy(process_group=True)
+        distributed.destroy()
     return 0
 
 
@@ -179,48 +179,25 @@ def run_logged(
     """Run a torchrun command from the repository, its stdout and stderr into `log_path`, and
     leave none of its processes behind; its exit status (None: timed out) and how it ended.
 
-    Not through a pipe, and not by torchrun's process group alone: the workers run in their own
-    sessions, and a rank that dies without its interpreter's exit handlers (os._exit after a
-    failure, SIGKILL) leaves its multiprocessing helpers running (Megatron-Core's checkpoint
-    writer starts a spawn-context Manager on the first save), holding a pipe open for ever. So
-    every process of the launch carries a marker in its environment, and whatever still carries
-    it when torchrun has ended (or timed out) is killed.
+    Not through a pipe: a rank that dies without its interpreter's exit handlers (os._exit after a
+    failure, SIGKILL) leaves its multiprocessing helpers running (Megatron-Core's checkpoint writer
+    starts a spawn-context Manager on the first save), which would hold the pipe open for ever.
+    tests/support/children.py stops whatever of the launch is still running when torchrun has ended (or
+    timed out): the workers run in sessions of their own, out of torchrun's process group.
     """
-    marker = uuid.uuid4().hex
     with log_path.open("w", encoding="utf-8") as out:  # the children keep their own handles
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env | {LAUNCH_MARKER: marker},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = children.start(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         returncode: int | None = proc.wait(timeout=timeout)
         ended = f"exit {returncode}"
     except subprocess.TimeoutExpired:
         returncode, ended = None, f"timed out after {timeout} s"
-    left = _kill_marked(marker)
-    proc.wait()
+    finally:
+        left = children.marked(proc.token) if proc.poll() is not None else []
+        children.stop(proc)
     if left:
-        ended += f"; killed {left} processes it left behind"
+        ended += f"; stopped {len(left)} processes it left behind"
     return returncode, ended
-
-
-def _kill_marked(marker: str) -> int:
-    """SIGKILL every process whose environment carries this launch's marker; how many."""
-    import psutil
-
-    killed = 0
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get(LAUNCH_MARKER) == marker:
-                process.kill()
-                killed += 1
-        except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone, a zombie, or not ours
-            pass
-    return killed
 
 
 def split_outcomes(

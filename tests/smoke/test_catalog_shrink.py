@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from recipes.registry import all_recipes
 from recipes.shrink import cpu_substitutes, fit_to_world, shrink
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import Outcome, launch_many, read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def run_user_command(name: str, world: int, tmp_path: Path) -> Path:
     overrides = [f"logging.run_dir={run_dir}", *data_overrides(name, tmp_path / "data")]
     cmd += ["--device", "cpu", "--gpus-per-node", str(world), *overrides]
     env = os.environ | {"OMP_NUM_THREADS": "1", "NEMORUN_HOME": str(tmp_path / "nemo_run")}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = children.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"run directory: (.+)", last)

@@ -40,6 +40,7 @@ import yaml
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import Outcome, launch_many, read_metrics
 from tests.smoke.signal_at_step import ENV as SIGNAL_AT_STEP_ENV
+from tests.support import children
 from training.checkpoint import dirs
 
 pytestmark = pytest.mark.smoke
@@ -103,7 +104,8 @@ class Job:
         ignore_usr1: bool = False,
     ) -> subprocess.Popen:
         """Starts the job: `-m training.entry`, or a test wrapper `script` around it; with
-        `ignore_usr1`, torchrun starts with SIGUSR1 ignored, as launchers/slurm.py starts it."""
+        `ignore_usr1`, torchrun starts with SIGUSR1 ignored, as launchers/slurm.py starts it.
+        It stops at the end of the test at the latest (tests/support/children.py)."""
         if stop_at is not None:
             script = STOP_ENTRY
         entry = [str(script)] if script else ["-m", "training.entry"]
@@ -111,7 +113,7 @@ class Job:
         log = self.tmp / f"{self.run_dir.name}.{len(self.logs)}.log"
         self.logs.append(str(log))
         with log.open("w") as out:  # the child keeps its own copy of the handle
-            return subprocess.Popen(
+            return children.start(
                 [*cmd, "--nproc-per-node", "2", *entry, "--config", str(self.config)],
                 cwd=REPO,
                 env=self.env(stop_at, env),
@@ -128,7 +130,10 @@ class Job:
     ) -> str:
         """Runs to the end; returns the job's output and fails the test on a non-zero exit."""
         proc = self.start(stop_at, env, script)
-        returncode = proc.wait(timeout=600)
+        try:
+            returncode = proc.wait(timeout=600)
+        finally:
+            children.stop(proc)
         out = self.output()
         if returncode != 0:
             tail = "\n".join(out.splitlines()[-40:])

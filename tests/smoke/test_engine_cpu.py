@@ -12,12 +12,12 @@ builds and tears down its own Megatron-Core groups, into its own run dir, as
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from tests.smoke.conftest import REPO, Planned, Runs, _env
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 
@@ -116,7 +116,7 @@ def test_expert_parallel_matches_data_parallel(planned: Runs) -> None:
 def test_invalid_config_fails_before_training(runs: Runs) -> None:
     """A config the cluster cannot run exits with 2 and names the field, before any process group."""
     config = runs.write_config("invalid")
-    proc = subprocess.run(
+    proc = children.run(
         [
             sys.executable,
             "-m",
@@ -137,7 +137,7 @@ def test_invalid_config_fails_before_training(runs: Runs) -> None:
 
 def test_importing_training_stays_torch_free(runs: Runs) -> None:
     code = "import sys, training; assert callable(training.pretrain); print('torch' in sys.modules)"
-    proc = subprocess.run(
+    proc = children.run(
         [sys.executable, "-c", code], cwd=REPO, env=_env(runs.root), capture_output=True, text=True
     )
     assert proc.stdout.strip() == "False", proc.stderr

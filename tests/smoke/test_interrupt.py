@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from tests.smoke.conftest import REPO, _env
+from tests.support import children
 from training.checkpoint import dirs
 
 pytestmark = pytest.mark.smoke
@@ -38,15 +39,10 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
         "checkpoint.save_interval=1000",
         f"logging.run_dir={run_dir}",
     ]
-    log = (tmp_path / "cli.log").open("w")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=_env(tmp_path),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with (tmp_path / "cli.log").open("w") as log:  # in its own session, as a shell's job
+        proc = children.start(
+            cmd, cwd=REPO, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT
+        )
     return proc, run_dir
 
 
@@ -63,9 +59,11 @@ def wait_for_steps(proc: subprocess.Popen, run_dir: Path, count: int) -> None:
         time.sleep(0.5)
 
 
-def leftovers(run_dir: Path) -> list[str]:
+def leftovers(proc: subprocess.Popen, run_dir: Path) -> list[str]:
+    """The run's processes still running: whatever the CLI started (its environment names it,
+    tests/support/children.py), and anything else whose command line names the run directory."""
+    found = [str(pid) for pid in children.leftovers(proc)]
     mark = str(run_dir)
-    found = []
     for p in psutil.process_iter(["cmdline"]):
         line = " ".join(p.info["cmdline"] or [])
         if mark in line:
@@ -77,9 +75,8 @@ def finish(proc: subprocess.Popen, tmp_path: Path) -> str:
     try:
         proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        children.stop(proc)
         pytest.fail("the CLI did not exit within 180 s of the signal")
-    time.sleep(1)  # let the killed ranks be reaped
     return (tmp_path / "cli.log").read_text(errors="replace")
 
 
@@ -93,7 +90,7 @@ def test_one_signal_saves_at_the_next_step_and_leaves_no_process(tmp_path: Path,
         proc.send_signal(signal.SIGTERM)  # to the CLI alone, as `kill PID` or a scheduler does
     log = finish(proc, tmp_path)
     assert proc.returncode == 130, log[-3000:]
-    assert leftovers(run_dir) == []
+    assert leftovers(proc, run_dir) == []
     latest = dirs.latest_checkpoint(run_dir / "checkpoints")
     assert latest is not None and dirs.step_of(latest) == steps(run_dir)[-1], log[-3000:]
     assert "KeyboardInterrupt" not in log
@@ -107,7 +104,7 @@ def test_a_second_ctrl_c_stops_at_once_and_publishes_nothing_partial(tmp_path: P
     os.killpg(proc.pid, signal.SIGINT)
     log = finish(proc, tmp_path)
     assert proc.returncode == 130, log[-3000:]
-    assert leftovers(run_dir) == []
+    assert leftovers(proc, run_dir) == []
     folder = run_dir / "checkpoints"
     latest = dirs.latest_checkpoint(folder) if folder.is_dir() else None
     assert latest is None or dirs.is_complete(latest)

@@ -9,7 +9,6 @@ sample keys of every step, which is how the resume test sees the loader's positi
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from data.energon import SAMPLE_LOG_ENV
 from recipes.cli import main as recipes_main
 from tests.smoke.conftest import REPO, _env, resolved_config
 from tests.smoke.run_many import read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 
@@ -47,7 +47,7 @@ class LlavaRuns:
             "train.device=cpu",
             *overrides,
         ]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
         (self.root / f"{name}.log").write_text(log, encoding="utf-8")
         if proc.returncode != 0:

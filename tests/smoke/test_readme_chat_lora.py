@@ -10,13 +10,13 @@ cannot drift from what works.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.smoke.conftest import _env
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_readme_chat_lora_path_runs_as_written(tmp_path: Path) -> None:
     pytest.importorskip("peft")
     venv_bin = str(Path(sys.executable).parent) + "/"
     script = readme_block().replace(".venv/bin/", venv_bin).replace("scripts/", f"{REPO}/scripts/")
-    out = subprocess.run(
+    out = children.run(
         ["bash", "-e", "-c", script],
         cwd=tmp_path,
         env=_env(tmp_path),

@@ -16,20 +16,17 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.smoke.conftest import BASE, REPO, _env
+from tests.support import children
 
-MARKER = "RECIPES_TEST_RESILIENCE"  # in the environment of every process of one launch
 pytestmark = pytest.mark.smoke
 
 
@@ -135,42 +132,20 @@ def launch(tmp_path: Path, overrides: list[str], *rank_args: str) -> tuple[int, 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += ["-m", "tests.smoke.test_resilience_cpu", "--config", str(config), *rank_args]
     log = tmp_path / "torchrun.log"
-    marker = uuid.uuid4().hex
-    with log.open("w", encoding="utf-8") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=_env(tmp_path) | {MARKER: marker},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        returncode = proc.wait(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        returncode = proc.wait()
-    time.sleep(1)  # let the kernel reap what torchrun stopped last
-    left = leftovers(marker)
-    for pid in left:  # never leak into the rest of the session, but report it
+    with (
+        log.open("w", encoding="utf-8") as out,
+        children.started(
+            cmd, cwd=REPO, env=_env(tmp_path), stdout=out, stderr=subprocess.STDOUT
+        ) as proc,
+    ):
         try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
+            returncode = proc.wait(timeout=400)
+        except subprocess.TimeoutExpired:
+            children.stop(proc)
+            returncode = proc.returncode
+        left = children.leftovers(proc)  # the job's own processes, once torchrun has ended
     assert not left, f"processes left behind: {left}"
     return returncode, log.read_text(encoding="utf-8", errors="replace"), run_dir
-
-
-def leftovers(marker: str) -> list[int]:
-    """The processes of one launch still alive (each carries its marker in its environment)."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(MARKER) == marker and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_a_slow_rank_is_named(tmp_path: Path) -> None:

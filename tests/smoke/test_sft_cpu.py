@@ -9,7 +9,6 @@ launches it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from recipes.cli import main as recipes_main
 from tests.smoke.conftest import REPO, _env, resolved_config
 from tests.smoke.run_many import read_metrics
+from tests.support import children
 
 pytestmark = pytest.mark.smoke
 
@@ -46,7 +46,7 @@ class SftRuns:
             *overrides,
         ]
         env = _env(self.root)
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -114,7 +114,7 @@ def test_missing_pretrained_checkpoint_is_named(sft: SftRuns, tmp_path: Path) ->
         f"logging.run_dir={tmp_path / 'run'}",
         f"checkpoint.pretrained_dir={tmp_path / 'nothing'}",
     ]
-    proc = subprocess.run(
+    proc = children.run(
         cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=900
     )
     assert proc.returncode != 0

@@ -282,10 +282,13 @@ class Checkpointer:
         self.save()
         self.close()
 
-    def close(self) -> None:
-        """Finish any asynchronous save; end the writer's helper process; free the folder."""
+    def close(self, abort: bool = False) -> None:
+        """Finish any asynchronous save; end the writer's helper process; free the folder.
+
+        `abort`: the run failed; an asynchronous save in flight is not awaited (finishing it is a
+        collective that the other ranks may never join) and is never published."""
         if self._async_queue is not None:
-            self._async_queue.close()
+            self._async_queue.close(abort=abort)
             self._async_queue = None
         checkpoint_helpers.stop()
         self._lock.release()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import children
+
 REPO = Path(__file__).resolve().parents[3]
 WHEELS = REPO / "wheels" / "gpu"
 # Last on the path: the bench scripts' modules are found without shadowing any other module.
@@ -101,14 +103,14 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("site")
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
     cmd += ["--no-compile", "--target", str(folder), *map(str, WHEELS.glob("*.whl"))]
-    subprocess.run(cmd, check=True, capture_output=True)
+    children.run(cmd, check=True, capture_output=True)
     return folder
 
 
 def _bare_python(target: Path, image: Path, code: str) -> subprocess.CompletedProcess:
     prelude = f"import sys; sys.path[:0] = {[str(target), str(image), str(REPO)]!r}\n"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-S", "-c", prelude + code],
         capture_output=True,
         text=True,
@@ -146,7 +148,7 @@ def test_torchtitan_trains_its_llama3_on_a_tiny_shape_on_the_cpu(
     cmd += ["--flavor", "debugmodel", "--layers", "2", "--seq", "32", "--steps", "2"]
     cmd += ["--warmup", "1", "--microbatches", "2", "--attn", "sdpa", "--json", str(out)]
     env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = children.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["torchtitan"] == fetch.TORCHTITAN["torchtitan"]
@@ -160,7 +162,7 @@ def test_torchtitan_trains_its_llama3_on_a_tiny_shape_on_the_cpu(
         "assert config_shape(llama3_configs['8B'](attn_backend='flex')) == PROXY\n"
     )
     env["PYTHONPATH"] += os.pathsep + str(REPO / "bench")
-    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env)
+    proc = children.run([sys.executable, "-c", check], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

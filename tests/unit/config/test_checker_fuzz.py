@@ -17,7 +17,6 @@ import dataclasses
 import io
 import math
 import random
-import subprocess
 import sys
 import types
 import typing
@@ -35,6 +34,7 @@ from launchers.profile import JobSize, job_cluster
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
 from recipes.cli import main
 from recipes.registry import resolve
+from tests.support import children
 from tests.unit.training.test_engine import ONE_CPU, losses, one_rank, tiny  # noqa: F401 (one_rank: a fixture)
 
 EXIT_CODES = {EXIT_OK, EXIT_INVALID, EXIT_NO_FIT}  # recipes/advice/check.py, the CLI contract
@@ -169,7 +169,7 @@ def test_check_answers_every_value_set_in_python(
 
 def test_two_billion_layers_are_refused_at_once_in_a_fresh_process() -> None:
     """2**31 layers once built a list of 2**31 entries (16 GiB in ten minutes on a login node)."""
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-m", "recipes.cli", "check", "tiny_gpt_pretrain"]
         + ["model.num_layers=2147483648"],
         cwd=REPO,

@@ -31,6 +31,7 @@ from models.presets.llama import llama3_8b
 from models.presets.qwen import qwen3_8b
 from recipes.registry import get
 from recipes.shrink import shrink
+from tests.support import children
 
 H100x8 = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
 LOCAL = Profile(executor="local")
@@ -66,7 +67,7 @@ def problems(cfg) -> dict[str, str]:
 
 def recipes(*args: str) -> subprocess.CompletedProcess:
     """The command as a user runs it (tests/unit/recipes/test_cli.py's way)."""
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-m", "recipes", *args], capture_output=True, text=True, timeout=60
     )
 
@@ -305,7 +306,7 @@ def test_cli_check_of_a_folder_imports_no_torch(tmp_path: Path) -> None:
         "heavy = [m for m in ('torch', 'megatron', 'nemo_run', 'fiddle', 'safetensors.torch') "
         "if m in sys.modules]\nprint('HEAVY', heavy)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
     assert "valid" in out.stdout
 

@@ -27,6 +27,7 @@ from data.indexed import IndexedDataError, check_index, inspect_indexed, write_i
 from data.pretrain import build_pretrain_datasets
 from data.tokenizer import load_tokenizer
 from data.tools.make_tokenizer import train_bpe_tokenizer
+from tests.support import children
 
 SEQ = 8
 
@@ -257,7 +258,6 @@ def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
     """A real state (two workers: numpy arrays, tensors, Energon's dataclasses) passes the
     allowlist unchanged. Made in a fresh interpreter: forking loader workers from this one, where
     other tests left process-group threads, can crash them."""
-    import subprocess
     import sys
 
     from data.energon import load_loader_state
@@ -266,6 +266,6 @@ def test_an_energon_loader_state_loads_back_as_saved(tmp_path: Path) -> None:
     script = tmp_path / "save_state.py"
     script.write_text(SAVE_A_LOADER_STATE)
     env = os.environ | {"PYTHONPATH": str(repo)}
-    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, cwd=repo, env=env)
+    children.run([sys.executable, str(script), str(tmp_path)], check=True, cwd=repo, env=env)
     blob = (tmp_path / "state.pkl").read_bytes()
     assert repr(load_loader_state(blob)) == repr(pickle.loads(blob))

@@ -10,7 +10,6 @@ tests/unit/launchers/test_launchers.py, in a sandbox folder, and must run no inj
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -23,6 +22,7 @@ from config.tree import ConfigError, apply_overrides
 from launchers.profile import Profile, from_toml, time_to_minutes
 from launchers.sbatch import render
 from launchers.slurm import slurm_job
+from tests.support import children
 from tests.support.golden_sbatch import sbatch_goldens
 from tests.unit.launchers.test_launchers import job_of, problems, run_script, tiny
 
@@ -211,7 +211,7 @@ def test_config_values_reaching_the_script_never_run(kind: str, field: str, tmp_
         else:
             cfg = apply_overrides(cfg, [f"{field}={bad}"])
         text = render(job_of(profile, run_dir, cfg))
-        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+        assert children.run(["bash", "-n"], input=text, text=True).returncode == 0
         sandbox = tmp_path / f"sandbox{i}"
         sandbox.mkdir()
         argv, _ = run_script(text, sandbox)
@@ -337,7 +337,7 @@ def test_run_name_is_refused_by_recipes_check_and_run(tmp_path: Path, executor: 
     """The checker refuses it (config/rules/training.py), so every executor and the ranks do."""
     argv = [sys.executable, "-m", "recipes", "run", "tiny_gpt_pretrain", "--executor", executor]
     argv += ["--dryrun", "name=../escaped"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = children.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     said = out.stdout + out.stderr
     assert out.returncode == 2 and "name: '../escaped' holds '/'" in said, said
     assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("*escaped*"))

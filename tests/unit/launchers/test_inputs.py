@@ -4,7 +4,6 @@ anything is launched or queued; what this machine cannot see is left to the job.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from config.tree import ConfigError, apply_overrides
 from launchers.inputs import check_inputs, input_paths
 from launchers.profile import Profile
 from recipes.registry import get
+from tests.support import children
 
 LOCAL = Profile(executor="local")
 
@@ -243,7 +243,7 @@ def test_the_tokenizer_check_imports_no_torch(tmp_path: Path) -> None:
         "check_inputs(cfg_with(f'data.tokenizer={tok}'), Profile(executor='local'), Path('.'))\n"
         "print('HEAVY', [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
 
 
@@ -256,7 +256,7 @@ def test_run_refuses_a_missing_input_before_launching(tmp_path: Path, dryrun: bo
         f"data.tokenizer={tmp_path}",
     ]
     cmd += [f"logging.run_dir={tmp_path / 'run'}"] + (["--dryrun"] if dryrun else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = children.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "data.path" in out.stdout + out.stderr and "missing.jsonl" in out.stdout + out.stderr
     assert not (tmp_path / "run").exists()  # nothing written, nothing launched

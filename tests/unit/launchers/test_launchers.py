@@ -34,6 +34,7 @@ from launchers.profile import (
 from launchers.sbatch import render, submit
 from launchers.slurm import SlurmJob, nemo_executor, slurm_job
 from recipes.registry import get
+from tests.support import children
 from tests.support.golden_sbatch import sbatch_goldens
 
 PROFILES = Path(__file__).parents[3] / "launchers" / "profiles"
@@ -266,7 +267,7 @@ def test_pyxis_job_is_a_nemo_run_executor() -> None:
 @pytest.mark.parametrize("path", sorted(sbatch_goldens()), ids=lambda p: p.name)
 def test_golden_scripts_parse(path: Path) -> None:
     text = sbatch_goldens()[path]
-    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    assert children.run(["bash", "-n"], input=text, text=True).returncode == 0
     assert "golden-secret-value" not in text and "WANDB_API_KEY" in text
 
 
@@ -280,7 +281,7 @@ def run_script(text: str, workdir: Path, env: dict | None = None) -> tuple[list[
     (workdir / "job.sbatch").write_text(text)
     slurm = {"SLURM_JOB_NODELIST": "node001", "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"}
     base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_OUT": str(workdir), "SLURM_CPUS_ON_NODE": "2"}
-    done = subprocess.run(
+    done = children.run(
         ["bash", "job.sbatch"],
         env=base | slurm | (env or {}),
         capture_output=True,
@@ -370,7 +371,7 @@ def test_hostile_strings_never_run(kind: str, texts: dict[str, str]) -> None:
             event("refused before rendering")
             return
         event(f"rendered and ran ({kind})")
-        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+        assert children.run(["bash", "-n"], input=text, text=True).returncode == 0
         argv, env = run_script(text, tmp)
         assert not any(path.name == "PWNED" for path in tmp.rglob("*"))
         inside = (
@@ -394,7 +395,7 @@ def recipes(
         "HF_HOME": scratch,
     }
     argv = [sys.executable, "-m", "recipes", "run", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    return children.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
 def test_run_refuses_an_invalid_recipe() -> None:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from config.tree import apply_overrides, write_yaml
 from recipes.registry import get
+from tests.support import children
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _preflight(config: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-m", "launchers.preflight", "--config", str(config)],
         cwd=cwd,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
@@ -50,7 +51,7 @@ def test_preflight_imports_no_torch(tmp_path: Path) -> None:
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, "-c", probe, str(config)],
         cwd=tmp_path,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
@@ -87,7 +88,7 @@ def test_the_job_runs_preflight_on_each_node_before_torchrun(tmp_path: Path) -> 
     }
 
     def node() -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return children.run(
             ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
 

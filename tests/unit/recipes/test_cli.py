@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from recipes.registry import all_recipes
+from tests.support import children
 
 
 def recipes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-m", "recipes", *args], capture_output=True, text=True, timeout=60
     )
 
@@ -171,5 +172,5 @@ def test_fast_path_imports_no_torch(command: str) -> None:
         "heavy = [m for m in ('torch', 'megatron', 'nemo_run', 'fiddle') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr

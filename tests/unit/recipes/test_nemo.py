@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import children
+
 run = pytest.importorskip("nemo_run")
 
 from nemo_run.cli.cli_parser import ParseError, parse_cli_args  # noqa: E402
@@ -218,7 +220,7 @@ def test_checks_give_a_slurm_executor_ft_launcher_when_the_recipe_asks(
 def nemo_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = os.environ | {"NEMORUN_HOME": str(cwd / "nemo_run"), "COLUMNS": "200"}
     nemo = Path(sys.executable).parent / "nemo"
-    return subprocess.run(
+    return children.run(
         [str(nemo), *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
     )
 
@@ -249,7 +251,7 @@ def test_run_cli_main_help_does_not_crash(tmp_path: Path) -> None:
         'if __name__ == "__main__":\n    run.cli.main(pretrain)\n'
     )
     env = os.environ | {"PYTHONPATH": str(REPO), "NEMORUN_HOME": str(tmp_path)}
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, str(script), "--help"],
         capture_output=True,
         text=True,
@@ -293,7 +295,7 @@ def test_nemo_run_python_path_trains_checked(tmp_path: Path) -> None:
     )
     env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env |= {"NEMORUN_HOME": str(tmp_path / "nemo_run"), "MPLCONFIGDIR": str(tmp_path)}
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,

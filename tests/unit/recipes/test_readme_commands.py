@@ -33,6 +33,7 @@ from config.tree import write_yaml
 from launchers.local import write_record
 from recipes.cli import main
 from recipes.registry import get
+from tests.support import children
 from training.checkpoint import dirs as checkpoint_dirs
 
 REPO = Path(__file__).resolve().parents[3]
@@ -108,7 +109,7 @@ def test_the_readme_has_nemo_cli_examples() -> None:
 def test_readme_nemo_dryrun_runs_as_written(line: str, tmp_path: Path) -> None:
     nemo = Path(sys.executable).parent / "nemo"
     env = os.environ | {"NEMORUN_HOME": str(tmp_path), "COLUMNS": "200"}
-    out = subprocess.run(
+    out = children.run(
         [str(nemo), *shlex.split(line)[1:]],
         capture_output=True,
         text=True,
@@ -208,7 +209,7 @@ def test_runs_stop_command_stops_the_run(tmp_path: Path) -> None:
     lock = Path(cfg.checkpoint.save_dir) / checkpoint_dirs.LOCK_FILE
     lock.parent.mkdir(parents=True)
     lock.write_text("{}\n")
-    live = subprocess.Popen(  # stands in for the run: it holds the lock, as a live run does
+    live = children.start(  # stands in for the run: it holds the lock, as a live run does
         [
             sys.executable,
             "-c",
@@ -226,8 +227,7 @@ def test_runs_stop_command_stops_the_run(tmp_path: Path) -> None:
         code, out = run(f"recipes runs --root {tmp_path}")
         printed = re.search(r"stop \(saves, then exits\): (.*) on (\S+)$", out, re.M)
         assert code == 0 and printed and printed.group(2) == host, out
-        subprocess.run(printed.group(1), shell=True, check=True, timeout=30)
+        children.run(printed.group(1), shell=True, check=True, timeout=30)
         assert live.wait(timeout=30) == -15  # SIGTERM
     finally:
-        live.kill()
-        live.wait()
+        children.stop(live)

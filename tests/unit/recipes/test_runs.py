@@ -17,6 +17,7 @@ from launchers.local import experiment_commands, write_record
 from recipes.cli import main
 from recipes.registry import get
 from recipes.runs import how_to_follow, run_dirs, summarize
+from tests.support import children
 
 
 def make_run(root: Path, name: str, steps: int, max_steps: int = 6, **launch: object) -> Path:
@@ -61,26 +62,19 @@ def test_a_run_holding_its_checkpoint_lock_is_running(tmp_path: Path) -> None:
     folder.mkdir()
     lock = folder / ".run.lock"
     lock.write_text("{}\n")
-    holder = subprocess.Popen(  # record locks are per process: another process holds it
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, sys, time\n"
-            f"f = open({str(lock)!r}, 'a+'); fcntl.lockf(f, fcntl.LOCK_EX)\n"
-            "print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    holder = [  # record locks are per process: another process holds it
+        sys.executable,
+        "-c",
+        "import fcntl, sys, time\n"
+        f"f = open({str(lock)!r}, 'a+'); fcntl.lockf(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(60)",
+    ]
+    with children.started(holder, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout.readline().strip() == "held"
         assert summarize(run_dir)["state"] == "running"
         assert how_to_follow(summarize(run_dir)["launch"], "running") == [
             "stop (saves, then exits): kill -TERM 4242 on node1"
         ]
-    finally:
-        holder.kill()
-        holder.wait()
     assert summarize(run_dir)["state"] == "stopped" and lock.read_text() == "{}\n"
 
 
@@ -114,12 +108,12 @@ def test_printed_nemo_experiment_commands_work(tmp_path: Path) -> None:
     env |= {"OMP_NUM_THREADS": "1", "MPLCONFIGDIR": str(tmp_path), "HF_HOME": str(tmp_path)}
     argv = [sys.executable, "-m", "recipes", "run", "tiny_gpt_pretrain", "--device", "cpu"]
     argv += ["train.max_steps=6", "logging.tensorboard=false"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    out = children.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = next(line.strip() for line in out.stdout.splitlines() if "experiment status" in line)
     assert status.startswith(f"NEMORUN_HOME={tmp_path}/runs/tiny_gpt_pretrain-")
     words = shlex.split(status)
-    shown = subprocess.run(
+    shown = children.run(
         [str(Path(sys.executable).parent / "nemo"), *words[2:]],
         capture_output=True,
         text=True,
@@ -129,7 +123,7 @@ def test_printed_nemo_experiment_commands_work(tmp_path: Path) -> None:
     )
     assert shown.returncode == 0 and "SUCCEEDED" in shown.stdout, shown.stdout + shown.stderr
     logs = next(line.strip() for line in out.stdout.splitlines() if "experiment logs" in line)
-    shown = subprocess.run(
+    shown = children.run(
         [str(Path(sys.executable).parent / "nemo"), *shlex.split(logs)[2:]],
         capture_output=True,
         text=True,
@@ -138,7 +132,7 @@ def test_printed_nemo_experiment_commands_work(tmp_path: Path) -> None:
         env=env | {"NEMORUN_HOME": words[0].split("=", 1)[1], "COLUMNS": "200"},
     )
     assert shown.returncode == 0 and "step 6/6" in shown.stdout + shown.stderr  # logs: stderr
-    listed = subprocess.run(
+    listed = children.run(
         [sys.executable, "-m", "recipes", "runs", "--json"],
         capture_output=True,
         text=True,

@@ -7,7 +7,6 @@ tests/smoke/test_sp_cpu.py holds sequence parallel on the CPU to TP without it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from config.schema import TrainingConfig
 from config.tree import apply_overrides
 from recipes.registry import all_recipes
 from recipes.shrink import cpu_substitutes, fit_to_world, shrink
+from tests.support import children
 
 REPO = Path(__file__).resolve().parents[3]
 CPU4 = Cluster(num_nodes=1, gpus_per_node=4, gpu="cpu")
@@ -145,7 +145,7 @@ def test_run_prints_each_substitute(tmp_path: Path) -> None:
     cmd += ["--shrink", "--executor", "local", "--device", "cpu", "--gpus-per-node", "4"]
     cmd += ["--dryrun", f"logging.run_dir={tmp_path / 'run'}"]
     env = os.environ | {"NEMORUN_HOME": str(tmp_path / "nemo_run")}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("shrink: ")]
     assert lines[:2] == [

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support import children
+
 REPO = Path(__file__).resolve().parents[3]
 RANK = """
 import os, signal, sys
@@ -27,24 +29,24 @@ os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or a node failure woul
 
 
 def test_the_helper_survives_exit_signals_and_dies_with_its_rank() -> None:
-    rank = subprocess.Popen(
+    with children.started(
         [sys.executable, "-c", RANK],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
-    helper = psutil.Process(int(rank.stdout.readline()))
-    for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-        helper.send_signal(signum)
-    time.sleep(0.5)
-    rank.stdin.write("go\n")
-    rank.stdin.flush()
-    assert rank.stdout.readline().strip() == "alive"
-    assert rank.wait(timeout=30) == -signal.SIGKILL
-    try:
-        helper.wait(timeout=10)  # reaped by init once the kernel killed it
-    except psutil.NoSuchProcess:
-        pass
-    assert not helper.is_running()
+    ) as rank:
+        helper = psutil.Process(int(rank.stdout.readline()))
+        for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            helper.send_signal(signum)
+        time.sleep(0.5)
+        rank.stdin.write("go\n")
+        rank.stdin.flush()
+        assert rank.stdout.readline().strip() == "alive"
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+        try:  # before the end of the block, which would stop it as well
+            helper.wait(timeout=10)  # reaped by init once the kernel killed it
+        except psutil.NoSuchProcess:
+            pass
+        assert not helper.is_running()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support import children
 from tests.unit.training.test_engine import one_rank, tiny, trainer_for  # noqa: F401 (a fixture)
 from training.checkpoint import dirs
 
@@ -233,17 +234,15 @@ def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> N
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Any:
     """A 2.5 MB tmpfs: room for one checkpoint of the tiny model (1.6 MB), not two."""
-    import subprocess
-
     mount = tmp_path / "small"
     mount.mkdir()
-    made = subprocess.run(
+    made = children.run(
         ["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mount)], capture_output=True
     )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
     yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    children.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_named_and_the_last_checkpoint_stays(

@@ -5,11 +5,12 @@ raised by importing and calling them as a rank does, in a fresh interpreter."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import children
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -27,7 +28,7 @@ logging.getLogger("megatron.core.something").warning("a record nobody listed")
 
 
 def _rank_stderr(**env: str) -> str:
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, "-c", RANK],
         cwd=REPO,
         env={**{k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}, **env},

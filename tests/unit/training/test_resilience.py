@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from config.tree import ConfigError, differences, to_dict
@@ -21,6 +19,7 @@ from launchers.resume import check_resume
 from launchers.sbatch import render
 from launchers.slurm import SlurmJob, nemo_executor, sbatch_options, slurm_job
 from recipes.registry import resolve
+from tests.support import children
 from tests.support.golden_sbatch import golden_script
 from training.checkpoint import dirs
 from training.resilience.straggler import find_straggler
@@ -176,20 +175,13 @@ HANGING = textwrap.dedent(
 
 def test_a_hung_process_dumps_its_stacks_and_exits(tmp_path: Path) -> None:
     script = HANGING.format(repo=str(REPO), run_dir=str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == HANG_EXIT_CODE, err
+    done = children.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    err = done.stderr
+    assert done.returncode == HANG_EXIT_CODE, err
     assert "hang watchdog: rank 3: no progress in a training step" in err, err
     assert "stuck_in_a_collective" in err  # the main thread's stack, on stderr
     dumps = list((tmp_path / "hang").glob("*/rank3.txt"))
     assert len(dumps) == 1 and "stuck_in_a_collective" in dumps[0].read_text()
-    assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
 
 
 def test_a_peer_dump_makes_every_stuck_rank_dump(tmp_path: Path) -> None:
@@ -309,7 +301,7 @@ def run_job(tmp_path: Path, text: str, srun_exit: int, restarts: int | None) -> 
     }
     if restarts is not None:
         env["SLURM_RESTART_COUNT"] = str(restarts)
-    done = subprocess.run(
+    done = children.run(
         ["bash", "job.sbatch"], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=30
     )
     return done.returncode, done.stdout + done.stderr

@@ -14,6 +14,7 @@ from config.tree import ConfigError, differences, to_dict
 from launchers.resume import check_resume
 from recipes.cli import main
 from recipes.registry import resolve
+from tests.support import children
 from training.checkpoint import dirs
 
 
@@ -125,17 +126,16 @@ def test_a_live_run_holds_its_folder_and_a_dead_one_does_not(tmp_path: Path) -> 
         "assert lock.acquire({'host': 'h', 'pid': 1, 'recipe': 'r'}) is None\n"
         "print('locked', flush=True); time.sleep(60)\n"
     )
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
+    with children.started(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    ) as holder:
         assert holder.stdout.readline().strip() == "locked"
         _, cfg = resolve("tiny_gpt_pretrain", [])
         with pytest.raises(ConfigError) as err:
             check_resume(cfg, tmp_path / "run")
         assert "in use by another run" in dict(err.value.problems)["checkpoint.save_dir"]
         assert '"recipe": "r"' in dict(err.value.problems)["checkpoint.save_dir"]
-    finally:
         holder.kill()  # dies without releasing: the kernel drops its lock
-        holder.wait()
     check_resume(cfg, tmp_path / "run")
 
 

@@ -1,0 +1,75 @@
+"""No process a test starts outlives it (tests/support/children.py): a pytest of its own runs
+tests/support/children_case.py, which starts torchrun with two ranks and waits; once the ranks are up, that
+pytest is interrupted (Ctrl-C, SIGTERM), or pytest-timeout fires, or the test fails. Then no
+process of the run may be left: not torchrun, not a rank, not the helper each rank started in a
+session of its own that ignores SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import children
+from tests.support.children_case import HOW_ENV, UP_ENV, ranks_up
+
+pytestmark = pytest.mark.smoke
+REPO = Path(__file__).resolve().parents[2]
+INTERRUPTED, FAILED = 2, 1  # pytest's exit codes
+HOW = {
+    "ctrl_c": (signal.SIGINT, INTERRUPTED),
+    "sigterm": (signal.SIGTERM, INTERRUPTED),
+    # pytest-timeout's signal method: its timer ends with SIGALRM, whose handler fails the test.
+    "timeout": (signal.SIGALRM, FAILED),
+    "fails": (None, FAILED),
+}
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has ended: only its exit status is left to collect)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", sorted(HOW))
+def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
+    signum, code = HOW[how]
+    up = tmp_path / "up"
+    up.mkdir()
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/support/children_case.py",
+    ]
+    env = os.environ | {UP_ENV: str(up), HOW_ENV: how}
+    log = tmp_path / "pytest.log"
+    with (
+        log.open("w") as out,
+        children.started(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT) as inner,
+    ):
+        while not (pids := ranks_up(up)):
+            assert inner.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert all(alive(pid) for pid in pids)
+        if signum is not None:
+            inner.send_signal(signum)
+        inner.wait(timeout=120)
+        left = children.leftovers(inner)  # torchrun, its ranks, their helpers: all carry its token
+        running = [pid for pid in pids if alive(pid)]
+    output = log.read_text()
+    assert left == [] and running == [], output
+    assert inner.returncode == code, output
+    if how == "timeout":
+        assert "Timeout" in output, output
