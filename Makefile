@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint golden bench env clean gpu-check
+.PHONY: demo test test-fast lint typecheck golden bench env clean gpu-check
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
@@ -24,6 +24,11 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+
+# mypy over the six packages (pyproject.toml [tool.mypy]); CI runs it before the tests.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 golden: $(STAMP)
 	$(VENV)/bin/python -m tests.support.refresh_golden

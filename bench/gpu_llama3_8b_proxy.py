@@ -33,12 +33,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from config.cost.memory import estimate_memory  # noqa: E402
-from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
+from config.rules import derive  # noqa: E402
 from config.tree import apply_overrides, write_yaml  # noqa: E402
 from recipes.registry import get  # noqa: E402
 
 PRECISIONS = ["bf16_mixed", "bf16_with_fp8_current_scaling_mixed"]
+# Steps of a run (--steps): past the 2 warmup steps, as the checker wants; memory and step time
+# do not depend on them.
+STEPS = 30
 
 
 def proxy_overrides(layers: int, steps: int, precision: str, run_dir: Path) -> list[str]:
@@ -66,10 +69,11 @@ def layers_that_fit(gpu: str, precision: str) -> int:
     best = 1
     for layers in range(1, 33):
         cfg = apply_overrides(
-            get("llama3_8b_pretrain").config(), proxy_overrides(layers, 1, precision, Path("/tmp"))
+            get("llama3_8b_pretrain").config(),
+            proxy_overrides(layers, STEPS, precision, Path("/tmp")),
         )
-        memory = estimate_memory(cfg, cluster, finalize(cfg, cluster))
-        if memory is None or memory.total_gib > cluster.spec.memory_gib:
+        memory = estimate_memory(cfg, cluster, derive(cfg, cluster))
+        if memory.total_gib > cluster.spec.memory_gib:
             break
         best = layers
     return best
@@ -109,7 +113,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, help="default: as many as the estimate says fit")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--precision", nargs="+", default=PRECISIONS)
     parser.add_argument("--json", type=Path, help="write {precision: figures} here")
     parser.add_argument("--cpu-dry-run", action="store_true")

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from config.cost.memory import estimate_memory  # noqa: E402
-from config.finalize import finalize  # noqa: E402
+from config.finalize import complete, finalize  # noqa: E402
 from config.hardware import Cluster  # noqa: E402
 from config.rules import validate  # noqa: E402
 from config.schema import TrainingConfig  # noqa: E402
@@ -130,11 +130,12 @@ def config_for(shape: Shape, run_dir: Path, data_dir: Path, device: str) -> Trai
 def predict(cfg: TrainingConfig, gpu: str) -> dict[str, Any]:
     """The estimate for one GPU of kind `gpu`, with the checker's verdict on the config."""
     cluster = Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
-    derived = finalize(cfg, cluster)
-    problems = [f"{p.field}: {p.message}" for p in validate(cfg, cluster, derived)]
-    memory = estimate_memory(cfg, cluster, derived)
-    if memory is None:
+    partial = finalize(cfg, cluster)
+    problems = [f"{p.field}: {p.message}" for p in validate(cfg, cluster, partial)]
+    derived = complete(partial)  # estimated whatever the verdict, when the values derive
+    if derived is None:
         return {"problems": problems or ["no estimate"], "predicted_gib": None}
+    memory = estimate_memory(cfg, cluster, derived)
     return {
         "problems": problems,
         "predicted_gib": memory.total_gib,

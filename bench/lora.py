@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config.cost.memory import count_parameters, estimate_memory, lora_parameters  # noqa: E402
-from config.finalize import finalize  # noqa: E402
+from config.rules import derive  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def predicted(recipe: str, overrides: list[str]) -> dict[str, float]:
         )
     else:
         trainable = count.total
-    memory = estimate_memory(cfg, cluster, finalize(cfg, cluster))
+    memory = estimate_memory(cfg, cluster, derive(cfg, cluster))
     return {
         "gpus": cluster.world_size,
         "trainable": trainable,

@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gpu_llama3_8b_proxy import proxy_overrides  # noqa: E402
+from gpu_llama3_8b_proxy import STEPS, proxy_overrides  # noqa: E402
 
 from config.cost import steptime as perf  # noqa: E402
-from config.finalize import finalize  # noqa: E402
 from config.hardware import Cluster, gpu_from_device_name  # noqa: E402
+from config.rules import derive  # noqa: E402
 from config.tree import apply_overrides  # noqa: E402
 from recipes.registry import get  # noqa: E402
 
@@ -46,7 +46,7 @@ RANGE = (0.05, 1.5)  # the fitted fraction of the data-sheet peak is searched in
 
 def proxy_config(layers: int, precision: str):
     """The TrainingConfig the proxy trained (bench/gpu_llama3_8b_proxy.py)."""
-    overrides = proxy_overrides(layers, 1, precision, Path("/tmp/proxy"))
+    overrides = proxy_overrides(layers, STEPS, precision, Path("/tmp/proxy"))
     return apply_overrides(get("llama3_8b_pretrain").config(), overrides)
 
 
@@ -61,7 +61,7 @@ def fit(
     """Prediction, error and fitted constants for one measured proxy run."""
     k = dict(constants or perf.VALUES)
     cfg, cluster = proxy_config(layers, precision), Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
-    derived = finalize(cfg, cluster)
+    derived = derive(cfg, cluster)
 
     def predict(constants: dict[str, float]) -> perf.StepTime:
         step = perf.predict(cfg, cluster, derived, constants)

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config.cost import steptime as perf  # noqa: E402
-from config.finalize import finalize  # noqa: E402
+from config.rules import derive  # noqa: E402
 from launchers.profile import JobSize, job_cluster  # noqa: E402
 from recipes.advice.plan import plan  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
@@ -44,7 +44,7 @@ def evaluate(run: PublishedRun, constants: dict[str, float]) -> dict:
     recipe, cfg = resolve(run.recipe, run.overrides)
     size = JobSize(nodes=max(1, run.gpus // 8), gpus_per_node=min(run.gpus, 8), gpu="h100")
     cluster = job_cluster(recipe.cluster, None, size)
-    step = perf.predict(cfg, cluster, finalize(cfg, cluster), constants)
+    step = perf.predict(cfg, cluster, derive(cfg, cluster), constants)
     saved = dict(perf.VALUES)
     perf.VALUES.update(constants)  # the planner prices with the module's table
     try:

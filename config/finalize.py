@@ -2,14 +2,19 @@
 
 Nothing derived is ever stored in a recipe, so an override can never leave a stale value behind.
 `finalize` never raises: a value that cannot be derived (a data-parallel size that is not whole) is
-None here, and `config.rules.validate` reports why. Nothing is derived from a number outside its
-range (config/schema.py) either: 0 would divide by zero, 2**31 layers would fill the memory, and
-None or a string set in Python would not compute; the checker names the number instead.
+None in its `Partial`, and `config.rules.validate` reports why. Nothing is derived from a number
+outside its range (config/schema.py) either: 0 would divide by zero, 2**31 layers would fill the
+memory, and None or a string set in Python would not compute; the checker names the number instead.
+
+What runs after the check (the memory estimate, the step-time model, the engine) reads a `Derived`,
+every value set, from `config.rules.derive`: the checker's verdict and the values come together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +26,9 @@ from config.tree import in_range, out_of_range
 
 
 @dataclass(frozen=True, slots=True)
-class Derived:
+class Partial:
+    """What `finalize` derives; the checker's rules read it and say why a value is missing."""
+
     world_size: int
     # None in any field below also means: derived from a number outside its range.
     model_parallel_size: int | None  # TP x PP x CP: the ranks that together hold one model replica
@@ -33,9 +40,48 @@ class Derived:
     pipeline_chunks: list[list[str]] | None
     # The string handed to Megatron-Core: None for the even split it derives by itself.
     pipeline_layout: str | None
+    # None also when the chunks do not spread evenly over the pipeline ranks.
     decoder_layers_per_rank: list[int] | None
     padded_vocab_size: int | None
     preset: PrecisionPreset | None  # None for an unknown preset name
+
+
+@dataclass(frozen=True, slots=True)
+class Derived(Partial):
+    """A `Partial` with every value set (the layout string stays None for Megatron-Core's even
+    split): `complete` makes one, and after the check only `config.rules.derive` calls it."""
+
+    model_parallel_size: int
+    data_parallel_size: int
+    num_microbatches: int
+    expert_data_parallel_size: int
+    expert_tensor_parallel_size: int
+    pipeline_chunks: list[list[str]]
+    decoder_layers_per_rank: list[int]  # as many entries as pipeline ranks
+    padded_vocab_size: int
+    preset: PrecisionPreset
+
+
+# Every value of a Partial, and those a Derived needs set: all but the layout string, which stays
+# None for Megatron-Core's even split.
+_VALUES = operator.attrgetter(*(f.name for f in dataclasses.fields(Partial)))
+_REQUIRED = tuple(f.name for f in dataclasses.fields(Partial) if f.name != "pipeline_layout")
+
+
+def missing(partial: Partial) -> list[str]:
+    """The values `partial` lacks to be a `Derived`."""
+    return [name for name in _REQUIRED if getattr(partial, name) is None]
+
+
+def complete(partial: Partial) -> Derived | None:
+    """`partial` as a `Derived` when every value was derived, else None.
+
+    Whether the config can run is the checker's to say, not this: the planner prices its candidates
+    with these values before it checks them; everything after the check takes `config.rules.derive`.
+    """
+    if any(getattr(partial, name) is None for name in _REQUIRED):
+        return None
+    return Derived(*_VALUES(partial))
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -68,8 +114,8 @@ def pipeline_chunks(cfg: TrainingConfig) -> tuple[list[list[str]] | None, str | 
         chunks[0].insert(0, "E")
         chunks[-1] += ["m"] * mtp + ["L"]
         return chunks, None
-    chunks = layouts.balanced(model.num_layers, mtp, num_chunks)
-    return chunks, (layouts.render(chunks) if chunks else None)
+    balanced = layouts.balanced(model.num_layers, mtp, num_chunks)
+    return balanced, (layouts.render(balanced) if balanced else None)
 
 
 def _valid(node: Any, name: str) -> Any:
@@ -79,7 +125,8 @@ def _valid(node: Any, name: str) -> Any:
 
 
 def _product(*counts: int | None) -> int | None:
-    return None if None in counts else math.prod(counts)
+    known = [c for c in counts if c is not None]
+    return math.prod(known) if len(known) == len(counts) else None
 
 
 def _whole(total: int, part: int | None) -> int | None:
@@ -87,7 +134,8 @@ def _whole(total: int, part: int | None) -> int | None:
     return total // part if part and total > 0 and total % part == 0 else None
 
 
-def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
+def finalize(cfg: TrainingConfig, cluster: Cluster) -> Partial:
+    """What follows from `cfg` on `cluster`, None where it cannot be derived (never raises)."""
     par, model, train = cfg.parallel, cfg.model, cfg.train
     world = cluster.world_size
     tp = _valid(par, "tensor_model_parallel_size")
@@ -117,7 +165,7 @@ def finalize(cfg: TrainingConfig, cluster: Cluster) -> Derived:
     padded = (
         None if None in (vocab, divisible_by, tp) else padded_vocab_size(vocab, divisible_by, tp)
     )
-    return Derived(
+    return Partial(
         world_size=world,
         model_parallel_size=model_parallel,
         data_parallel_size=dp,

@@ -303,7 +303,8 @@ def srun_command(job: SlurmJob) -> list[Arg]:
         srun += [f"--container-env={','.join(job.env.names)}"] if job.env.names else []
         return srun + torchrun_command(job)
     if job.kind == "slurm-apptainer":
-        wrap: list[Arg] = [("apptainer", "exec")] + (["--nv"] if job.device != "cpu" else [])
+        wrap: list[Arg] = [("apptainer", "exec")]
+        wrap += ["--nv"] if job.device != "cpu" else []
         wrap += ["--no-home"] + ([("--bind", mounts)] if mounts else [])
         wrap += [("--pwd", p.workdir)] if p.workdir else []
         return srun + wrap + [p.container_image or ""] + torchrun_command(job)

@@ -40,9 +40,7 @@ _FP8_RECIPES = {
 def chunks_per_rank(cfg: TrainingConfig, derived: Derived) -> int:
     """Model chunks on every pipeline rank: the virtual stages (from VPP or the layout), else 1."""
     pp = cfg.parallel.pipeline_model_parallel_size
-    if derived.pipeline_chunks is not None and pp > 1:
-        return len(derived.pipeline_chunks) // pp
-    return 1
+    return len(derived.pipeline_chunks) // pp if pp > 1 else 1
 
 
 def _precision_fields(preset: PrecisionPreset, dtype: torch.dtype) -> dict[str, Any]:

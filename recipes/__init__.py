@@ -30,7 +30,7 @@ def _location(module: object) -> str:
 
 def _is_ours(module: object, name: str) -> bool:
     file = getattr(module, "__file__", None)
-    return bool(file) and Path(file).resolve() == PROJECT_ROOT / name / "__init__.py"
+    return isinstance(file, str) and Path(file).resolve() == PROJECT_ROOT / name / "__init__.py"
 
 
 def claim_siblings() -> None:

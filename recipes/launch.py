@@ -231,7 +231,7 @@ def _run_slurm(
     except (OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    chain = (
+    chained = (
         " (a chain: each waits for the previous one and resumes its checkpoint)"
         if len(ids) > 1
         else ""
@@ -239,7 +239,7 @@ def _run_slurm(
     from launchers.local import write_record
 
     write_record(run_dir, executor=job.kind, job_ids=ids, state="SUBMITTED")  # for `recipes runs`
-    print(f"submitted {job.kind} job(s): {' '.join(ids)}{chain}")
+    print(f"submitted {job.kind} job(s): {' '.join(ids)}{chained}")
     print(f"logs: {job.log_path.replace('%j', '<job id>')}")
     print(f"run directory: {run_dir}")
     return 0

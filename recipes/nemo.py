@@ -332,7 +332,8 @@ def _add_with_checks(add: Any) -> Any:
                 name = from_partial(task).name  # the task's name: the recipe's, not the function's
         return add(self, task, executor=executor, name=name, plugins=plugins, **kw)
 
-    checked_add.attaches_checks = True
+    # A mark on the function object, read back by getattr below: functions declare no attributes.
+    checked_add.attaches_checks = True  # type: ignore[attr-defined]
     return checked_add
 
 

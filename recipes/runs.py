@@ -113,7 +113,7 @@ def how_to_follow(launch: dict[str, Any], state: str) -> list[str]:
         home = launch.get("nemorun_home")
         default = os.path.expanduser(os.environ.get("NEMORUN_HOME") or "~/.nemo_run")
         same = not home or os.path.abspath(home) == os.path.abspath(default)
-        prefix = "" if same else f"NEMORUN_HOME={shlex.quote(home)} "
+        prefix = f"NEMORUN_HOME={shlex.quote(home)} " if home and not same else ""
         lines.append(f"{prefix}nemo experiment logs {launch['experiment_id']} 0")
     if launch.get("job_ids"):
         ids = ",".join(launch["job_ids"])

@@ -231,7 +231,7 @@ class Trainer:
     def _maybe_evaluate(self) -> float | None:
         """val_loss every train.eval_interval steps: the same eval_iters batches each time."""
         interval = self.cfg.train.eval_interval
-        if interval <= 0 or self.step % interval:
+        if interval <= 0 or self.step % interval or self.valid_batches is None:
             return None
         cfg, batches = self.cfg, self.valid_batches
         batches.load_state_dict({"consumed_samples": 0})  # from the start of the split again
@@ -246,7 +246,8 @@ class Trainer:
             )
             for _ in range(cfg.train.eval_iters)
         ]
-        return None if None in losses else sum(losses) / len(losses)  # rank 0 only
+        known = [loss for loss in losses if loss is not None]  # rank 0 only
+        return None if len(known) < len(losses) else sum(known) / len(known)
 
     def _log(
         self,

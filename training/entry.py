@@ -62,16 +62,12 @@ def pretrain(
     Raises config.tree.ConfigError, naming every problem, before any process group exists.
     """
     from config.cost.steptime import gemm_peak
-    from config.finalize import finalize
-    from config.rules import validate
+    from config.rules import derive
     from training.distributed import resolve_device
 
     device = resolve_device(config.train.device)
     cluster = cluster_from_env(device)
-    derived = finalize(config, cluster)
-    problems = validate(config, cluster, derived)
-    if problems:
-        raise ConfigError([(p.field, p.message) for p in problems])
+    derived = derive(config, cluster)
 
     # All ranks must agree on a folder the config does not name: torchrun's run id (one per job)
     # stamps it.

@@ -98,12 +98,13 @@ def pretrain_restartable(
         wait_for_workers=True,
     )
 
-    def attempt(call_wrapper: inprocess.CallWrapper = None) -> None:
+    # The package's classes, imported at run time (import_inprocess): untyped to mypy.
+    def attempt(call_wrapper: inprocess.CallWrapper = None) -> None:  # type: ignore[name-defined]
         store = dist.PrefixStore(f"attempt{call_wrapper.iteration}", groups_store)
         timeout = CPU_COLLECTIVE_TIMEOUT if on_cpu else None
         pretrain(config, hooks, store=store, collective_timeout=timeout)
 
-    class TearDown(inprocess.finalize.Finalize):
+    class TearDown(inprocess.finalize.Finalize):  # type: ignore[name-defined]
         """Megatron-Core's groups and the default group, whatever the aborted attempt left."""
 
         def __call__(self, state):

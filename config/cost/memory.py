@@ -51,7 +51,7 @@ from config.hardware import Cluster
 from config.layout import warmup_forwards
 from config.lora import targets
 from config.precision import PrecisionPreset
-from config.schema import ModelConfig, TrainingConfig
+from config.schema import ModelConfig, TrainingConfig, VisionConfig
 from config.tree import in_range
 
 GIB = 2**30
@@ -82,10 +82,8 @@ class ParamCount:
     active_per_token: int
 
 
-def _vit(m: ModelConfig) -> tuple[ModelConfig, int]:
+def _vit(v: VisionConfig) -> tuple[ModelConfig, int]:
     """The vision encoder as a ModelConfig (CLIP-style: LayerNorm, GELU, biases) and its tokens."""
-    v = m.vision
-    assert v is not None
     tokens = (v.image_size // v.patch_size) ** 2 + int(v.class_token)
     vit = ModelConfig(
         num_layers=v.num_layers,
@@ -101,10 +99,10 @@ def _vit(m: ModelConfig) -> tuple[ModelConfig, int]:
     return vit, tokens
 
 
-def _vision_params(m: ModelConfig) -> tuple[int, int]:
+def _vision_params(m: ModelConfig, v: VisionConfig) -> tuple[int, int]:
     """(encoder, projector) parameters: patch conv, class token, positions, pre/post norms, layers."""
-    vit, tokens = _vit(m)
-    v, hv = m.vision, vit.hidden_size
+    vit, tokens = _vit(v)
+    hv = vit.hidden_size
     layer = (
         sum(layers.attention(vit))
         + layers.norm(vit, hv)
@@ -147,7 +145,7 @@ def count_parameters(cfg: TrainingConfig) -> ParamCount:
     mtp = (m.mtp_num_layers or 0) * (
         (moe_layer if n_moe else dense) + 2 * h * h + 3 * layers.norm(m, h)
     )
-    vision = sum(_vision_params(m)) if m.vision else 0
+    vision = sum(_vision_params(m, m.vision)) if m.vision else 0
     final_norm = layers.norm(m, h)
     main = embedding + output + n_dense * dense + n_moe * moe_layer + final_norm
     inactive = n_moe * ((m.num_moe_experts or 0) - m.moe_router_topk) * per_expert  # unrouted
@@ -270,10 +268,8 @@ def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) 
     return [rounds * pp + min(max(rest - stage * pp, 0), pp) for stage in range(vpp)]
 
 
-def estimate_memory(
-    cfg: TrainingConfig, cluster: Cluster, derived: Derived
-) -> MemoryEstimate | None:
-    """Predicted memory per GPU on the most loaded pipeline rank; None for an invalid config.
+def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> MemoryEstimate:
+    """Predicted memory per GPU on the most loaded pipeline rank.
 
     The cluster only enters through `derived`; on the CPU (memory_gib inf) the estimate is the same.
     """
@@ -281,11 +277,8 @@ def estimate_memory(
     pp, tp = par.pipeline_model_parallel_size, par.tensor_model_parallel_size
     dp, mbs = derived.data_parallel_size, derived.num_microbatches
     edp = derived.expert_data_parallel_size
-    needed = (chunks, dp, mbs, edp if m.num_moe_experts else 0)
-    if any(x is None for x in needed) or pp < 1 or len(chunks) % pp:
-        return None
     vpp, count, h = len(chunks) // pp, count_parameters(cfg), m.hidden_size
-    fp8 = derived.preset is not None and derived.preset.fp8_recipe is not None
+    fp8 = derived.preset.fp8_recipe is not None
     lin = 1 if fp8 else 2
     sp_div = tp if par.sequence_parallel and tp > 1 else 1  # what splits the outside part
     tokens = m.seq_length // par.context_parallel_size * cfg.train.micro_batch_size
@@ -302,8 +295,8 @@ def estimate_memory(
     group = m.recompute_num_layers or 1  # layers rebuilt together by full recompute
     vision_enc, vision_proj, vision_act = 0, 0, 0.0
     if m.vision:  # the projector always trains; a frozen encoder saves nothing for backward
-        vision_enc, vision_proj = _vision_params(m)
-        vit, patches = _vit(m)
+        vision_enc, vision_proj = _vision_params(m, m.vision)
+        vit, patches = _vit(m.vision)
         ph, n = m.vision.projector_hidden_size or h, patches * cfg.train.micro_batch_size
         vision_act = n * (lin * vit.hidden_size + 2 * ph + lin * ph) / tp
         if not m.vision.freeze_vision:  # Megatron runs the ViT without sequence parallel
@@ -351,11 +344,11 @@ def estimate_memory(
             r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
     weight_bytes, _, grad_bytes, opt_bytes = bytes_per_parameter(cfg, derived.preset)
     sharded = cfg.optimizer.use_distributed_optimizer
-    dense_group, expert_group = (dp * par.context_parallel_size, edp or 1) if sharded else (1, 1)
+    dense_group, expert_group = (dp * par.context_parallel_size, edp) if sharded else (1, 1)
     fsdp = par.use_megatron_fsdp  # sharded as the optimizer state, plus what is gathered
     root = (count.embedding + count.output + count.final_norm) / tp
     unit = max(count.dense_per_layer / tp, (moe_dense / tp + experts) if m.num_moe_experts else 0)
-    best: MemoryEstimate | None = None
+    estimates = []
     for rank, r in enumerate(ranks):
         counts = _in_flight(pp, vpp, rank, mbs, int(par.overlap_moe_expert_parallel_comm))
         params = r["dense"] + r["expert"] + r["frozen"]
@@ -367,10 +360,11 @@ def estimate_memory(
             weights, grads = weights + (4 * unit if fp8 else 0), grad_bytes * (shard + root + unit)
         optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
-        parts = [x / GIB for x in (weights, grads, optimizer, activations, r["logits"])]
-        estimate = MemoryEstimate(
-            *parts, OVERHEAD_GIB, sum(parts) + OVERHEAD_GIB, round(params), sum(counts) / vpp, rank
+        parts = tuple(x / GIB for x in (weights, grads, optimizer, activations, r["logits"]))
+        w, g, o, a, lg = parts
+        total = sum(parts) + OVERHEAD_GIB
+        in_flight = sum(counts) / vpp
+        estimates.append(
+            MemoryEstimate(w, g, o, a, lg, OVERHEAD_GIB, total, round(params), in_flight, rank)
         )
-        if best is None or estimate.total_gib > best.total_gib:
-            best = estimate
-    return best
+    return max(estimates, key=lambda e: e.total_gib)  # the first of the most loaded ranks

@@ -71,7 +71,9 @@ class StepTime:
     @property
     def bottleneck(self) -> tuple[str, float]:
         """The largest term beyond the GEMMs and attention (the useful work), with its share."""
-        name = max((t for t in self.terms if t not in ("gemm", "attention")), key=self.terms.get)
+        name = max(
+            (t for t in self.terms if t not in ("gemm", "attention")), key=self.terms.__getitem__
+        )
         return name, self.terms[name] / self.seconds
 
 
@@ -104,7 +106,7 @@ TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
 
 def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
     """Dense TFLOPS of the precision the decoder's GEMMs run in, and that precision's name."""
-    spec, recipe = cluster.spec, derived.preset.fp8_recipe if derived.preset else None
+    spec, recipe = cluster.spec, derived.preset.fp8_recipe
     if recipe == "nvfp4" and spec.fp4_tflops:
         return spec.fp4_tflops, "fp4"
     if recipe and spec.fp8_tflops:
@@ -123,7 +125,7 @@ def layer_costs(
     moe = bool(m.num_moe_experts)
     t, c = par.tensor_model_parallel_size, par.context_parallel_size
     e = par.expert_model_parallel_size if moe else 1
-    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    et = derived.expert_tensor_parallel_size if moe else 1
     s, h = m.seq_length, m.hidden_size
     tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
     peak, kind = gemm_peak(cfg, cluster, derived)
@@ -193,7 +195,7 @@ def layer_costs(
         up += gemm(2 * tokens * kv_in * kv_out / t, tokens, kv_out / t, kv_in, rate)
         again["mla_up_proj"] = ({"gemm": up}, {"gemm": up})
     unpaired = 0.0  # seconds of the MoE exchange the alltoall overlap hides, per layer
-    if moe:
+    if m.num_moe_experts:
         E, topk = m.num_moe_experts, m.moe_router_topk
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
@@ -232,7 +234,7 @@ def layer_costs(
         again["moe_act"] = ({}, {"memory": tokens * topk / t * (2 * act * fe + 2 * fe) / hbm})
         again["shared_experts"] = ({}, {"gemm": shared / 3})
         again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
-    vocab = derived.padded_vocab_size or m.vocab_size
+    vocab = derived.padded_vocab_size
     output = {
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
         "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
@@ -383,7 +385,7 @@ def predict(
     loads: tuple[tuple[float, ...], ...] | None = None,
     detail: bool = True,
 ) -> StepTime | None:
-    """The step time of a config; None on the CPU or when the layout cannot be derived.
+    """The step time of a config; None on the CPU (no peak to price against).
 
     Without `detail` the layers' terms are one, "layers" (the planner's first pass prices
     thousands of layouts and needs only the total)."""
@@ -393,7 +395,7 @@ def predict(
         derived.data_parallel_size,
         derived.num_microbatches,
     )
-    if not spec.bf16_tflops or not chunks or not dp or not microbatches:
+    if not spec.bf16_tflops:
         return None
     costs = costs or layer_costs(cfg, cluster, derived, k)
     pp = par.pipeline_model_parallel_size
@@ -436,8 +438,8 @@ def predict(
     grad = 4 if par.grad_reduce_in_fp32 else 2
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group = dp * c
-    edp = derived.expert_data_parallel_size or 1
-    et = (derived.expert_tensor_parallel_size or t) if moe else 1
+    edp = derived.expert_data_parallel_size
+    et = derived.expert_tensor_parallel_size if moe else 1
     e = par.expert_model_parallel_size if moe else 1
     reduce, gather = 0.0, 0.0
     for params, group, block in ((dense_p, dense_group, t * c * dp), (expert_p, edp, e * et * edp)):

@@ -2,12 +2,13 @@
 
 Each problem names the dotted field, the values involved and a fix. The rules mirror what
 Megatron-Core would assert minutes into a job (or what would silently degrade it), so they run on a
-login node in milliseconds. The engine calls the same `validate` on every rank at start-up.
+login node in milliseconds. The rules read `finalize`'s partial values; what runs after the check
+takes its complete values from `derive`, which the engine calls on every rank at start-up.
 """
 
 from __future__ import annotations
 
-from config.finalize import Derived, finalize
+from config.finalize import Derived, Partial, complete, finalize, missing
 from config.hardware import Cluster
 from config.problems import Problem
 from config.registry import load
@@ -26,8 +27,9 @@ from config.rules.pretrained import pretrained
 from config.rules.ranges import ranges
 from config.rules.training import training
 from config.schema import TrainingConfig, model_arch
+from config.tree import ConfigError
 
-__all__ = ["Problem", "validate"]
+__all__ = ["Problem", "derive", "validate"]
 
 # The numbers themselves, and the job's size, come first: the rules below divide by them and loop
 # over them, so when these find anything, the others do not run.
@@ -52,7 +54,7 @@ RULES = (
 
 
 def validate(
-    cfg: TrainingConfig, cluster: Cluster, derived: Derived | None = None
+    cfg: TrainingConfig, cluster: Cluster, derived: Partial | None = None
 ) -> list[Problem]:
     """All problems of `cfg` on `cluster`; an empty list means it can run."""
     derived = derived or finalize(cfg, cluster)
@@ -63,3 +65,18 @@ def validate(
     for rule in (*RULES, *(load(ref) for ref in (arch.rules if arch else ()))):
         problems += rule(cfg, cluster, derived)
     return problems
+
+
+def derive(cfg: TrainingConfig, cluster: Cluster) -> Derived:
+    """Every value that follows from `cfg` on `cluster`, for a config the checker accepts; else
+    ConfigError naming each of `validate`'s problems. The estimate, the step-time model and the
+    engine read these values, so none of them meets a value that could not be derived."""
+    partial = finalize(cfg, cluster)
+    problems = validate(cfg, cluster, partial)
+    if problems:
+        raise ConfigError([(p.field, p.message) for p in problems])
+    derived = complete(partial)
+    if derived is None:  # a value that no rule explains: a rule is missing, not the user's error
+        lacking = ", ".join(missing(partial))
+        raise ConfigError([("config", f"passes every rule, yet its {lacking} cannot be derived")])
+    return derived

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
 
 
-def batch(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def batch(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     train = cfg.train
-    out = []
+    out: list[Problem] = []
     dp = d.data_parallel_size
     if dp is None or train.micro_batch_size < 1 or train.global_batch_size < 1:
         return out  # the world does not divide (the parallel rule), or config/rules/ranges.py

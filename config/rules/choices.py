@@ -7,7 +7,7 @@ recipe function set in Python, which no parser saw. The valid values come from t
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
@@ -15,7 +15,7 @@ from config.tree import choices as field_choices
 from config.tree import leaves, not_one_of
 
 
-def choices(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def choices(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     problems = []
     for cls, name, path, value in leaves(cfg):
         allowed = field_choices(cls, name)

@@ -3,13 +3,13 @@ any cluster has (the parallel rules list the divisors of the world size)."""
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import GPUS, Cluster
 from config.problems import Problem
 from config.schema import MAX_GPUS, TrainingConfig
 
 
-def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     out = []
     if cluster.gpu != "cpu" and cluster.gpu not in GPUS:
         out.append(

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from config.blend import split_weights
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.registry import DATA_KINDS
@@ -17,8 +17,9 @@ from config.schema import TrainingConfig, data_kind, model_arch
 from config.tree import ConfigError
 
 
-def data(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    data, out = cfg.data, []
+def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
+    data = cfg.data
+    out: list[Problem] = []
     kind = data_kind(cfg)
     if kind is None:
         return out  # an unknown kind: the choices rule names it and the valid ones

@@ -3,7 +3,7 @@ and Megatron-Core's FSDP adapter ask, and what this engine does not run with it 
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
@@ -11,7 +11,7 @@ from config.schema import TrainingConfig
 OFF = "or set parallel.use_megatron_fsdp=false (Megatron DDP with the distributed optimizer)"
 
 
-def fsdp(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def fsdp(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     if not cfg.parallel.use_megatron_fsdp:
         return []
     out = []

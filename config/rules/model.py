@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import RECOMPUTE_MODULES, ModelConfig, TrainingConfig, selective_modules
 from config.tree import not_one_of
 
 
-def model(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     model = cfg.model
     out: list[Problem] = []
     if model.num_attention_heads < 1:

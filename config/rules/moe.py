@@ -5,13 +5,13 @@ holds these rules against Megatron-Core's own code."""
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem, choices, divisors
 from config.schema import TrainingConfig, selective_modules
 
 
-def moe(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def moe(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     par, model = cfg.parallel, cfg.model
     ep, etp = par.expert_model_parallel_size, d.expert_tensor_parallel_size
     experts = model.num_moe_experts
@@ -222,7 +222,7 @@ def _shared_overlap(cfg: TrainingConfig) -> list[Problem]:
     return out
 
 
-def _expert_grid(cfg: TrainingConfig, d: Derived, ep: int, etp: int) -> list[Problem]:
+def _expert_grid(cfg: TrainingConfig, d: Partial, ep: int, etp: int) -> list[Problem]:
     """EP x ETP must divide the ranks of a pipeline stage."""
     pp = cfg.parallel.pipeline_model_parallel_size
     ranks_per_stage = d.world_size // pp if pp > 0 and d.world_size % pp == 0 else None

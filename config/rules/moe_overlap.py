@@ -5,7 +5,7 @@ that the schedule runs GPTModel's schedule plan (models/gpt.py `forward`)."""
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import ModelConfig, TrainingConfig, selective_modules
@@ -33,7 +33,7 @@ def layout_obstacles(m: ModelConfig, ep: int, pp: int, chunks_per_rank: int) -> 
     return why
 
 
-def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def moe_overlap(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     par, m = cfg.parallel, cfg.model
     if not par.overlap_moe_expert_parallel_comm:
         return []

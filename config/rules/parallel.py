@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 
 from config import layout as layouts
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem, choices, divisors
 from config.schema import TrainingConfig
 
 
-def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def parallel(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     par, model = cfg.parallel, cfg.model
     tp, pp, cp = (
         par.tensor_model_parallel_size,
@@ -111,7 +111,7 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     return out
 
 
-def pipeline(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def pipeline(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     par, model = cfg.parallel, cfg.model
     pp, vpp = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
     out: list[Problem] = []
@@ -190,7 +190,7 @@ def _layout_text(layout: str) -> list[Problem]:
     ]
 
 
-def _layout_chunks(cfg: TrainingConfig, d: Derived) -> list[Problem]:
+def _layout_chunks(cfg: TrainingConfig, d: Partial) -> list[Problem]:
     """An explicit layout with several chunks per pipeline rank makes the run interleaved whatever
     parallel.virtual_pipeline_model_parallel_size says (models/gpt.py counts the chunks)."""
     par, train = cfg.parallel, cfg.train

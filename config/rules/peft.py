@@ -7,14 +7,14 @@ fused layers: no FP8, and no context parallelism (SDPA has none; models/specs.py
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.lora import present, targets
 from config.problems import Problem
 from config.schema import LORA_TARGETS, TrainingConfig
 
 
-def peft(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def peft(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     p = cfg.peft
     if p.scheme == "none":
         return []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import GPUS, Cluster, GpuSpec
 from config.precision import PRESETS, PrecisionPreset, gpu_runs
 from config.problems import Problem
@@ -28,11 +28,12 @@ def closest_runnable(preset: PrecisionPreset, gpu: GpuSpec) -> str:
     return f"{preset.params_dtype}_mixed"
 
 
-def precision(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def precision(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     preset = d.preset
     if preset is None:
         return []  # an unknown name: the choices rule lists the presets
-    if cluster.gpu in GPUS and not gpu_runs(GPUS[cluster.gpu], preset):
+    needs = preset.needs  # None: any GPU runs it
+    if needs is not None and cluster.gpu in GPUS and not gpu_runs(GPUS[cluster.gpu], preset):
         gpu = GPUS[cluster.gpu]
         able = [g for g, spec in GPUS.items() if gpu_runs(spec, preset)]
         # Every preset this GPU runs, without the alias names.
@@ -40,7 +41,7 @@ def precision(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem
         return [
             Problem(
                 "precision",
-                f"{cfg.precision} needs {preset.needs.upper()} tensor cores, which "
+                f"{cfg.precision} needs {needs.upper()} tensor cores, which "
                 f"{cluster.gpu.upper()} does not have. {cluster.gpu.upper()} runs "
                 f"{', '.join(runs_here)}; the closest is "
                 f"precision={closest_runnable(preset, gpu)}. Or use a GPU in {', '.join(able)}",
@@ -69,7 +70,7 @@ def _bf16_ends(cfg: TrainingConfig, preset: PrecisionPreset) -> list[Problem]:
     ]
 
 
-def cpu(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def cpu(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     """What the CPU smoke mode cannot run (Megatron-Core needs CUDA or Transformer Engine for
     these); `recipes run --shrink` replaces each with what the CPU runs (recipes/shrink.py)."""
     if cluster.gpu != "cpu" and cfg.train.device != "cpu":

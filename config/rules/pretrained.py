@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from config import hf
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import ModelConfig, TrainingConfig
@@ -32,7 +32,7 @@ FIELD = "checkpoint.pretrained_dir"
 TORCH_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-def pretrained(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def pretrained(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     given = cfg.checkpoint.pretrained_dir
     if not given:
         return []

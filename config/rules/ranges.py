@@ -9,14 +9,14 @@ values, or loop over them.
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
 from config.tree import leaves, out_of_range
 
 
-def ranges(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def ranges(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     return [
         Problem(path, why)
         for cls, name, path, value in leaves(cfg)

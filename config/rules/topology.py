@@ -35,10 +35,11 @@ def group_block(field: str, tp: int, cp: int, ep: int, etp: int) -> int:
 
 
 def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
-    """One warning per group (TP, CP, the expert alltoall) that leaves its NVLink domain."""
+    """One warning per group (TP, CP, the expert alltoall) that leaves its NVLink domain, for a
+    config the checker accepts (`config.rules.derive`)."""
     par, domain, world = cfg.parallel, cluster.domain, cluster.world_size
     tp, cp = par.tensor_model_parallel_size, par.context_parallel_size
-    etp = d.expert_tensor_parallel_size or tp
+    etp = d.expert_tensor_parallel_size
     ep = par.expert_model_parallel_size
     spec = cluster.spec
     slower = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
@@ -35,7 +35,7 @@ def run_name_problem(name: str, key: str = "name") -> str | None:
     )
 
 
-def training(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def training(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     opt, sched, train = cfg.optimizer, cfg.scheduler, cfg.train
     out = []
     bad_name = run_name_problem(cfg.name)

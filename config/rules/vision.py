@@ -4,13 +4,13 @@ loader's numbers each have their range (config/rules/ranges.py)."""
 
 from __future__ import annotations
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem, choices, divisors
 from config.schema import TrainingConfig
 
 
-def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]:
+def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     """arch "llava": a ViT and its projector in front of the GPT, fed by Energon (images + text).
 
     Runs for the architectures whose registry entry names it."""
@@ -79,8 +79,8 @@ def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Proble
         "model.multi_latent_attention": model.multi_latent_attention or None,
         "model.mtp_num_layers": model.mtp_num_layers,
     }
-    for field, value in unsupported.items():
-        if value:
+    for field, setting in unsupported.items():
+        if setting:
             out.append(
                 Problem(field, f"arch 'llava' builds a dense GPT language model; unset {field}")
             )

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from config.cost.memory import MemoryEstimate, estimate_memory, model_flops_per_token
-from config.finalize import Derived, finalize
+from config.finalize import Partial, finalize
 from config.hardware import Cluster
-from config.rules import Problem, validate
+from config.rules import Problem, derive, validate
 from config.rules.topology import topology
 from config.schema import TrainingConfig, selective_modules
 from recipes.advice.suggest import fixes, keep_inside
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_INVALID, EXIT_NO_FIT = 0, 2, 3
 class Report:
     cfg: TrainingConfig
     cluster: Cluster
-    derived: Derived
+    derived: Partial  # what the report shows, `?` where a value cannot be derived
     problems: list[Problem]
     memory: MemoryEstimate | None
     flops_per_token: float | None
@@ -101,16 +101,17 @@ def check(
     """Validate `cfg` on `cluster` and estimate its memory; with `suggest_fixes`, the topology
     warnings and, when it does not fit, the planner's layouts that do, within the `pinned` fields
     (recipes/advice/plan.py `pinned`: what the command line set, as `recipes plan` pins them)."""
-    derived = finalize(cfg, cluster)
-    problems = validate(cfg, cluster, derived)
-    memory = estimate_memory(cfg, cluster, derived) if not problems else None
+    partial = finalize(cfg, cluster)
+    problems = validate(cfg, cluster, partial)
+    derived = None if problems else derive(cfg, cluster)
+    memory = estimate_memory(cfg, cluster, derived) if derived else None
     flops = (
         model_flops_per_token(cfg)
         if not any(p.field.startswith("model.") for p in problems)
         else None
     )
-    report = Report(cfg, cluster, derived, problems, memory, flops)
-    if report.valid and suggest_fixes:
+    report = Report(cfg, cluster, partial, problems, memory, flops)
+    if derived and suggest_fixes:
         warnings = topology(cfg, cluster, derived)
         report.warnings = [keep_inside(cfg, cluster, w, pinned) for w in warnings]
     if report.valid and not report.fits and suggest_fixes:

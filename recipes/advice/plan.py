@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from config import layout as layouts
 from config.cost import layers
@@ -30,6 +31,7 @@ from config.cost.memory import (
     GIB,
     OVERHEAD_GIB,
     MemoryEstimate,
+    ParamCount,
     bytes_per_parameter,
     count_parameters,
     estimate_memory,
@@ -43,7 +45,14 @@ from config.cost.steptime import (
     rank_params,
     shard_params,
 )
-from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
+from config.finalize import (
+    Derived,
+    Partial,
+    complete,
+    finalize,
+    padded_vocab_size,
+    pipeline_chunks,
+)
 from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
@@ -173,6 +182,9 @@ def shapes(
         return [pinned[PAR + name]] if PAR + name in pinned else values
 
     def leaves(shape: Shape) -> bool:
+        """Whether the group `inside` names leaves its NVLink domain in `shape`."""
+        if inside is None:
+            return False
         block = group_block(inside, shape.tp, shape.cp, shape.ep, shape.etp or shape.tp)
         return cluster.crosses(block)
 
@@ -195,11 +207,13 @@ def shapes(
                     continue  # a pinned PP that does not divide the ranks left
                 pipelines = _pipelines(cfg, pp)
                 if PAR + "pipeline_model_parallel_layout" in pinned:
-                    layout = pinned[PAR + "pipeline_model_parallel_layout"]
-                    pipelines = [(pinned.get(PAR + "virtual_pipeline_model_parallel_size"), layout)]
+                    # The schema's types: a layout string, a virtual stage count (None: unset).
+                    layout = cast(str | None, pinned[PAR + "pipeline_model_parallel_layout"])
+                    vpp = cast(int | None, pinned.get(PAR + "virtual_pipeline_model_parallel_size"))
+                    pipelines = [(vpp, layout)]
                 elif PAR + "virtual_pipeline_model_parallel_size" in pinned:
-                    vpp = pinned[PAR + "virtual_pipeline_model_parallel_size"]
-                    pipelines = [p for p in pipelines if p[0] == vpp]
+                    wanted = pinned[PAR + "virtual_pipeline_model_parallel_size"]
+                    pipelines = [p for p in pipelines if p[0] == wanted]
                 for vpp, layout in pipelines:
                     if not experts:
                         shape = Shape(tp, cp, pp, vpp, layout, 1, None)
@@ -287,23 +301,33 @@ def overrides(work: TrainingConfig) -> list[str]:
 
 class _FastDerived:
     """finalize()'s values for the planner's candidates, from caches: pricing a candidate must
-    take microseconds (finalize re-checks every field's range, for a config nobody has checked)."""
+    take microseconds (finalize re-checks every field's range, for a config nobody has checked).
+    None where finalize derives no complete `Derived` either."""
 
     def __init__(self, work: TrainingConfig, cluster: Cluster) -> None:
         self.work, self.cluster, self.base = work, cluster, finalize(work, cluster)
-        self.chunks: dict[tuple, list[list[str]] | None] = {}
+        # Per (PP, VPP, layout): the chunks and the decoder layers of each pipeline rank.
+        self.chunks: dict[tuple, tuple[list[list[str]], list[int]] | None] = {}
         self.loads: dict[tuple, tuple] = {}
+
+    def _split(self, shape: Shape) -> tuple[list[list[str]], list[int]] | None:
+        """The chunks of `work`'s pipeline and the decoder layers of each rank, as finalize()."""
+        chunks = pipeline_chunks(self.work)[0]
+        if not chunks or len(chunks) % shape.pp:
+            return None
+        return chunks, layouts.decoder_layers_per_rank(chunks, shape.pp)
 
     def __call__(self, shape: Shape, mbs: int, recompute: tuple) -> tuple[Derived | None, tuple]:
         m, world = self.work.model, self.cluster.world_size
         where = (shape.pp, shape.vpp, shape.layout)
         if where not in self.chunks:
-            self.chunks[where] = pipeline_chunks(self.work)[0]
-        chunks = self.chunks[where]
+            self.chunks[where] = self._split(shape)
+        split = self.chunks[where]
         dp = world // (shape.tp * shape.pp * shape.cp)
         gbs = self.work.train.global_batch_size
-        if not chunks or gbs % (dp * mbs):
+        if split is None or gbs % (dp * mbs):
             return None, ()
+        chunks, per_rank = split
         etp = shape.etp or shape.tp
         key = (*where, recompute)
         if key not in self.loads:
@@ -311,20 +335,22 @@ class _FastDerived:
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
             self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
-        derived = Derived(
-            world_size=world,
-            model_parallel_size=shape.tp * shape.pp * shape.cp,
-            data_parallel_size=dp,
-            num_microbatches=gbs // (dp * mbs),
-            expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
-            expert_tensor_parallel_size=etp,
-            pipeline_chunks=chunks,
-            pipeline_layout=shape.layout,
-            decoder_layers_per_rank=None,
-            preset=self.base.preset,
-            padded_vocab_size=padded_vocab_size(
-                m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
-            ),
+        derived = complete(
+            Partial(
+                world_size=world,
+                model_parallel_size=shape.tp * shape.pp * shape.cp,
+                data_parallel_size=dp,
+                num_microbatches=gbs // (dp * mbs),
+                expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
+                expert_tensor_parallel_size=etp,
+                pipeline_chunks=chunks,
+                pipeline_layout=shape.layout,
+                decoder_layers_per_rank=per_rank,
+                preset=self.base.preset,
+                padded_vocab_size=padded_vocab_size(
+                    m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
+                ),
+            )
         )
         return derived, self.loads[key]
 
@@ -345,15 +371,22 @@ def plan(
     work = copy.deepcopy(cfg)
     if "optimizer.use_distributed_optimizer" not in pinned:  # Megatron-Core's shards Adam only
         work.optimizer.use_distributed_optimizer = cfg.optimizer.optimizer != "sgd"
-    bounds, costs_cache, counts = [], {}, {}
+    bounds: list[tuple[float, int, Shape, int]] = []
+    costs_cache: dict[tuple, LayerCosts] = {}
+    counts: dict[int, ParamCount] = {}
 
     def costs(derived: Derived) -> LayerCosts:
         """`work`'s layer costs, which only its TP, CP, EP, ETP, micro batch size and MoE
         alltoall overlap set."""
         par = work.parallel
-        key = (par.tensor_model_parallel_size, par.context_parallel_size)
-        key += (par.expert_model_parallel_size, par.expert_tensor_parallel_size)
-        key += (work.train.micro_batch_size, par.overlap_moe_expert_parallel_comm)
+        key = (
+            par.tensor_model_parallel_size,
+            par.context_parallel_size,
+            par.expert_model_parallel_size,
+            par.expert_tensor_parallel_size,
+            work.train.micro_batch_size,
+            par.overlap_moe_expert_parallel_comm,
+        )
         if key not in costs_cache:
             if key[0] not in counts:  # the vocabulary pads to a multiple of TP
                 counts[key[0]] = count_parameters(work)
@@ -392,8 +425,8 @@ def plan(
             fitting = _fitting(work, cluster, shape, mbs, recomputes, limit, sp, fsdp, a2a)
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
-                if step.seconds >= beat:
-                    break  # more recompute is only slower
+                if step is None or step.seconds >= beat:
+                    break  # more recompute is only slower (None: no GPU, never in `bounds`)
                 if validate(work, cluster, derived):
                     continue  # a rule refuses this recompute (or the layout: then all of them)
                 found[group] = Plan(shape, overrides(work), step, memory)
@@ -438,9 +471,11 @@ def _fitting(
 
     def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
         _apply(work, shape, mbs, recomputes[index], sp, fsdp, a2a)
-        derived = finalize(work, cluster)
+        derived = complete(finalize(work, cluster))
+        if derived is None:
+            return None
         memory = estimate_memory(work, cluster, derived)
-        return (derived, memory) if memory and memory.total_gib <= limit else None
+        return (derived, memory) if memory.total_gib <= limit else None
 
     if fits(len(recomputes) - 1) is None:
         return
@@ -466,7 +501,7 @@ class _StaticMemory:
         params = shard_params(self.count, shape.tp, shape.ep * (shape.etp or shape.tp))
         sharded = self.work.optimizer.use_distributed_optimizer
         dense_group = derived.data_parallel_size * shape.cp if sharded else 1
-        expert_group = (derived.expert_data_parallel_size or 1) if sharded else 1
+        expert_group = derived.expert_data_parallel_size if sharded else 1
         for load in set(loads):
             dense, experts = rank_params(params, load)
             shard = dense / dense_group + experts / expert_group

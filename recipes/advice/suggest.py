@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 from config.cost.steptime import predict
-from config.finalize import finalize
 from config.hardware import Cluster
 from config.problems import Problem
+from config.rules import derive
 from config.rules.topology import CP, EP, GROUPS, TP
 from config.schema import TrainingConfig
 from recipes.advice.plan import PAR, Plan, plan
@@ -58,7 +58,7 @@ def keep_inside(
         advice = f"no layout that keeps {group} within {domain} GPUs fits (`recipes plan`)"
         return Problem(warning.field, f"{warning.message} {advice[0].upper()}{advice[1:]}.")
     best = plans[0]
-    now = predict(cfg, cluster, finalize(cfg, cluster))
+    now = predict(cfg, cluster, derive(cfg, cluster))
     speed = (
         f", predicted {best.step.seconds:.2f} s per step against {now.seconds:.2f} s "
         f"({best.step.seconds / now.seconds - 1:+.0%})"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from config.finalize import finalize
+from config.finalize import complete, finalize, missing
 from config.hardware import Cluster
 from config.hf import model_from_hf
 from config.schema import (
@@ -51,7 +51,12 @@ def engine_from_hf(cfg: TrainingConfig, run_dir: Path, cluster: Cluster = ONE_CP
     from training.checkpoint.store import Checkpointer
     from training.engine import Trainer
 
-    derived = finalize(cfg, cluster)
+    # Unchecked on purpose: a LLaVA oracle runs on mock data, which the checker refuses for want of
+    # images, and a folder that does not match the config is the Checkpointer's to refuse here.
+    partial = finalize(cfg, cluster)
+    derived = complete(partial)
+    if derived is None:
+        raise ValueError(f"{cfg.name} derives no {', '.join(missing(partial))} on {cluster}")
     trainer = Trainer(cfg, derived, "cpu", run_dir)
     checkpointer = Checkpointer(
         cfg,

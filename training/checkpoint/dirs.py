@@ -75,7 +75,7 @@ def resume_candidates(save_dir: Path) -> tuple[list[Path], list[str]]:
     crash between the rename and its update) every complete folder, newest first; `.tmp` never.
     """
     complete = complete_checkpoints(save_dir)
-    notes = []
+    notes: list[str] = []
     pointer = save_dir / LATEST_FILE
     if pointer.is_file():
         try:
@@ -86,7 +86,8 @@ def resume_candidates(save_dir: Path) -> tuple[list[Path], list[str]]:
             why = f"names {name!r}, not a complete checkpoint folder of {save_dir}"
         if name is not None and _COMPLETE.match(name) and is_complete(save_dir / name):
             named = save_dir / name
-            return [named, *[p for p in reversed(complete) if step_of(p) < step_of(named)]], notes
+            newest = step_of(named) or 0
+            return [named, *[p for p in reversed(complete) if (step_of(p) or 0) < newest]], notes
         notes.append(f"{pointer} {why}: ignored")
     return list(reversed(complete)), notes
 

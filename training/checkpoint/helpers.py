@@ -56,7 +56,8 @@ def _shield(parent: int) -> None:
 
 
 def alive() -> bool:
-    return _manager is not None and _manager._process.is_alive()  # noqa: SLF001
+    # BaseManager's process, which it does not expose (nor typeshed declare).
+    return _manager is not None and _manager._process.is_alive()  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 def _writers(strategy: str) -> list[Any]:
@@ -91,8 +92,8 @@ def stop() -> None:
     if _manager is not None:
         for name in WRITERS.values():
             writer = sys.modules.get(name)
-            if writer is not None:
-                writer._results_queue = None
-        if _manager._process.is_alive():  # noqa: SLF001
+            if writer is not None:  # a module global of the writer's, which we set
+                writer._results_queue = None  # type: ignore[attr-defined]
+        if _manager._process.is_alive():  # type: ignore[attr-defined]  # noqa: SLF001
             _manager.shutdown()
         _manager = None

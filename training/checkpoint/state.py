@@ -128,8 +128,9 @@ def check_compatible(cfg: TrainingConfig, folder: Path, saved: dict[str, Any]) -
         raise ConfigError([(p.field, p.message) for p in problems])
 
 
-def model_chunks(model: list[Any]) -> dict[str, torch.nn.Module]:
-    """The bare GPT modules (no DDP / Float16Module wrappers) by checkpoint key."""
+def model_chunks(model: list[Any]) -> dict[str, Any]:
+    """The bare GPT modules (no DDP / Float16Module wrappers) by checkpoint key: Megatron-Core's
+    modules, whose methods (sharded_state_dict) torch.nn.Module does not declare."""
     from megatron.core.utils import unwrap_model  # here: `recipes export` reads without it
 
     chunks = unwrap_model([_unsharded(chunk) for chunk in model])
@@ -452,6 +453,8 @@ def _restore_adam_steps(optimizer: Any) -> None:
     """
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
         for group in getattr(inner, "param_groups", []):
             if "step" not in group:
                 continue

@@ -97,7 +97,7 @@ class Checkpointer:
             self._async_strategy = _async_strategy()
             self._async_queue = get_async_strategy(self._async_strategy)[1]["AsyncCallsQueue"]()
         self._lock = dirs.RunLock(self.save_dir)
-        problem = [None]
+        problem: list[str | None] = [None]
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             # One run per folder, before anything in it is touched: a second run would resume the
@@ -352,11 +352,12 @@ class Checkpointer:
         # After save(): Megatron warns about a folder that is not empty when it starts.
         ckpt_state.save_rng(tmp, self.rank, states["rng"])
         ckpt_state.save_data(tmp, self.rank, states["data"])
-        if request is None:
+        queue = self._async_queue  # a request comes only from an asynchronous save
+        if request is None or queue is None:
             self._publish(tmp, info)
         else:
             request.add_finalize_fn(lambda: self._publish(tmp, info))
-            self._async_queue.schedule_async_request(request)
+            queue.schedule_async_request(request)
 
     def _publish(self, tmp: Path, info: dict[str, Any]) -> None:
         """Every rank's shards are on disk: the ranks hash them, each a share; rank 0 writes
@@ -369,7 +370,7 @@ class Checkpointer:
         if self.rank == 0:
             dirs.write_state(tmp, info)
             files = dict(dirs.file_digests(tmp, [dirs.STATE_FILE]))
-            for share in shares:
+            for share in shares or []:  # rank 0 gathered them
                 files |= share
             dirs.write_manifest(tmp, files)
             if os.environ.get(SLOW_SAVE_ENV):

@@ -301,13 +301,13 @@ def _proxy_step_at(gemm_bf16: float, layers: int = 6) -> tuple[float, float]:
     """The step time config/cost/steptime.py predicts for the BF16 proxy at another GEMM rate, and its
     attention time per layer and microbatch."""
     from config.cost import steptime as perf
-    from config.finalize import finalize
     from config.hardware import Cluster
+    from config.rules import derive
 
     cfg, h100 = perf_one_gpu.proxy_config(layers, "bf16_mixed"), Cluster(1, 1, "h100")
     k = {**perf.VALUES, "gemm_bf16": gemm_bf16}
-    step = perf.predict(cfg, h100, finalize(cfg, h100), k)
-    return step.seconds, perf.layer_costs(cfg, h100, finalize(cfg, h100), k).dense["attention"]
+    step = perf.predict(cfg, h100, derive(cfg, h100), k)
+    return step.seconds, perf.layer_costs(cfg, h100, derive(cfg, h100), k).dense["attention"]
 
 
 def test_the_one_gpu_fit_finds_the_rates_a_measurement_implies() -> None:

@@ -11,7 +11,7 @@ from config.cost import steptime as perf
 from config.cost.memory import estimate_memory
 from config.finalize import finalize
 from config.hardware import Cluster
-from config.rules import validate
+from config.rules import derive, validate
 from launchers.env import recipe_env
 from recipes.advice.plan import plan
 from recipes.registry import resolve
@@ -60,7 +60,7 @@ def test_remote_domains_match_megatron_cores_router(routing: tuple[int, ...]) ->
 
 def _ep_seconds(overrides: list[str], cluster: Cluster = CLUSTER_1024) -> float:
     _, cfg = resolve(DSV3, overrides)
-    return perf.layer_costs(cfg, cluster, finalize(cfg, cluster)).moe["ep"]
+    return perf.layer_costs(cfg, cluster, derive(cfg, cluster)).moe["ep"]
 
 
 def test_flex_sends_a_token_once_per_remote_node() -> None:
@@ -73,6 +73,7 @@ def test_flex_sends_a_token_once_per_remote_node() -> None:
     inside = [
         "parallel.expert_model_parallel_size=8",
         "parallel.tensor_model_parallel_size=1",
+        "parallel.sequence_parallel=false",
         "parallel.pipeline_model_parallel_size=1",
         "parallel.virtual_pipeline_model_parallel_size=null",
         "train.global_batch_size=8",
@@ -87,8 +88,8 @@ def test_the_overlap_hides_the_alltoall_behind_compute() -> None:
     assert overlapped == pytest.approx(exposed * perf.VALUES["overlap_contention"])
     _, cfg = resolve(DSV3, [FLEX])
     _, hidden = resolve(DSV3, [FLEX, A2A])
-    slow = perf.predict(cfg, CLUSTER_1024, finalize(cfg, CLUSTER_1024))
-    fast = perf.predict(hidden, CLUSTER_1024, finalize(hidden, CLUSTER_1024))
+    slow = perf.predict(cfg, CLUSTER_1024, derive(cfg, CLUSTER_1024))
+    fast = perf.predict(hidden, CLUSTER_1024, derive(hidden, CLUSTER_1024))
     assert fast.terms["ep"] < slow.terms["ep"] / 4
     assert fast.tokens_per_s_per_gpu > slow.tokens_per_s_per_gpu
 
@@ -101,7 +102,7 @@ def test_the_shared_experts_hide_what_they_compute_of_the_exchange() -> None:
 
     def moe_costs(*overrides: str) -> dict[str, float]:
         _, cfg = resolve(DSV3, [FLEX, *overrides])
-        return perf.layer_costs(cfg, CLUSTER_1024, finalize(cfg, CLUSTER_1024)).moe
+        return perf.layer_costs(cfg, CLUSTER_1024, derive(cfg, CLUSTER_1024)).moe
 
     plain, overlapped = moe_costs(), moe_costs(shared)
     shared_s = plain["gemm"] - moe_costs("model.moe_shared_expert_intermediate_size=null")["gemm"]
@@ -120,7 +121,7 @@ def test_the_first_forward_and_the_last_backward_stay_exposed() -> None:
     and the last backward's: one microbatch's worth, on every MoE layer."""
     cluster = Cluster(num_nodes=2, gpus_per_node=8, gpu="h100")
     _, cfg = resolve("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs", [FLEX, A2A])
-    derived = finalize(cfg, cluster)
+    derived = derive(cfg, cluster)
     costs = perf.layer_costs(cfg, cluster, derived)
     step = perf.predict(cfg, cluster, derived)
     layers, microbatches = cfg.model.num_layers, derived.num_microbatches
@@ -135,8 +136,8 @@ def test_the_overlap_holds_one_microbatch_more() -> None:
     cluster = Cluster(num_nodes=2, gpus_per_node=8, gpu="h100")
     _, cfg = resolve("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs", [])
     _, ahead = resolve("qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs", [A2A])
-    one = estimate_memory(cfg, cluster, finalize(cfg, cluster))
-    two = estimate_memory(ahead, cluster, finalize(ahead, cluster))
+    one = estimate_memory(cfg, cluster, derive(cfg, cluster))
+    two = estimate_memory(ahead, cluster, derive(ahead, cluster))
     assert (one.microbatches_in_flight, two.microbatches_in_flight) == (1, 2)
     assert two.activations_gib == pytest.approx(2 * one.activations_gib)
 

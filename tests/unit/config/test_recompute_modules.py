@@ -15,9 +15,8 @@ import pytest
 
 from config.cost.memory import estimate_memory
 from config.cost.steptime import predict
-from config.finalize import finalize
 from config.hardware import Cluster
-from config.rules import validate
+from config.rules import derive, validate
 from config.schema import TrainingConfig
 from config.tree import apply_overrides
 from recipes.advice.check import check
@@ -68,7 +67,7 @@ def test_moe_act_needs_grouped_gemms() -> None:
 
 def _activations(recipe: str, extra: list[str], cluster: Cluster) -> float:
     _, cfg = resolve(recipe, extra)
-    return estimate_memory(cfg, cluster, finalize(cfg, cluster)).activations_gib
+    return estimate_memory(cfg, cluster, derive(cfg, cluster)).activations_gib
 
 
 NONE = ["model.recompute_granularity=None", "model.recompute_modules=None"]
@@ -113,7 +112,7 @@ def test_each_module_costs_its_forward_again() -> None:
 
     def seconds(extra: list[str]) -> float:
         _, cfg = resolve(name, extra)
-        return predict(cfg, H100x1024, finalize(cfg, H100x1024)).seconds
+        return predict(cfg, H100x1024, derive(cfg, H100x1024)).seconds
 
     none = seconds(NONE)
     cost = {

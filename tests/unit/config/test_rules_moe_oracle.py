@@ -29,7 +29,7 @@ pytest.importorskip("megatron.core")
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs  # noqa: E402
 from megatron.core.utils import divide  # noqa: E402
 
-from config.finalize import Derived, finalize  # noqa: E402
+from config.finalize import Partial, finalize  # noqa: E402
 from config.hardware import Cluster  # noqa: E402
 from config.precision import TORCH_DTYPES  # noqa: E402
 from config.rules import validate  # noqa: E402
@@ -235,7 +235,7 @@ def samples() -> list[tuple[list[tuple[str, object]], TrainingConfig]]:
     return out
 
 
-def _first_step(cfg: TrainingConfig, d: Derived, config) -> str | None:
+def _first_step(cfg: TrainingConfig, d: Partial, config) -> str | None:
     """What Megatron-Core 0.19.2 refuses after TransformerConfig: at initialize_model_parallel, at
     the model build, or in the first training step. Each from its source, cited."""
     m, par = cfg.model, cfg.parallel

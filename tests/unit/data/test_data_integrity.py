@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from config.finalize import finalize
 from config.hardware import Cluster
+from config.rules import derive
 from config.schema import DataConfig, ModelConfig, ParallelConfig, TrainConfig, TrainingConfig
 from data import indexed
 from data.batches import SampledBatches
@@ -123,9 +123,9 @@ def test_a_batch_with_an_id_past_the_embedding_names_the_data_and_the_id() -> No
         ),
         parallel=ParallelConfig(tensor_model_parallel_size=2),
         train=TrainConfig(global_batch_size=4, micro_batch_size=2),
-        data=DataConfig(kind="sft", path="/d/chat.jsonl"),
+        data=DataConfig(kind="sft", path="/d/chat.jsonl", tokenizer="/d/tokenizer"),
     )
-    derived = finalize(cfg, Cluster(num_nodes=1, gpus_per_node=4))  # DP 2, 512 rows
+    derived = derive(cfg, Cluster(num_nodes=1, gpus_per_node=4))  # DP 2, 512 rows
     rows = [
         {"tokens": torch.tensor([1, 2, 3]), "labels": torch.tensor([2, 3, 4])} for _ in range(8)
     ]

@@ -9,7 +9,7 @@ from megatron.energon import CaptioningSample, InterleavedSample, VQASample
 from config.cost.memory import count_parameters, estimate_memory
 from config.finalize import finalize
 from config.hardware import Cluster
-from config.rules import validate
+from config.rules import derive, validate
 from data.tools.make_tokenizer import train_bpe_tokenizer
 from data.vlm_encoder import IMAGE_TOKEN, EncoderConfig, VLMTaskEncoder, preprocess_image
 from recipes.registry import get
@@ -164,9 +164,9 @@ def test_estimate_counts_the_vision_encoder_and_frozen_parts() -> None:
     # openai/clip-vit-large-patch14-336 vision tower (303.5M) + the 2-layer projector (21.0M).
     assert count_parameters(cfg).vision / 1e6 == pytest.approx(324.5, rel=0.01)
     cluster = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
-    frozen = estimate_memory(cfg, cluster, finalize(cfg, cluster))
+    frozen = estimate_memory(cfg, cluster, derive(cfg, cluster))
     cfg.model.vision.freeze_language = cfg.model.vision.freeze_vision = False
-    trained = estimate_memory(cfg, cluster, finalize(cfg, cluster))
+    trained = estimate_memory(cfg, cluster, derive(cfg, cluster))
     # Frozen weights hold no gradient and no optimizer state.
     assert frozen.gradients_gib < 0.1 < trained.gradients_gib
     assert frozen.total_gib < trained.total_gib

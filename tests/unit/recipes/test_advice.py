@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from config.finalize import finalize
 from config.hardware import Cluster
+from config.rules import derive
 from config.rules.topology import group_block, topology
 from recipes.advice.check import check
 from recipes.advice.plan import overrides, pinned, plan, shapes
@@ -135,8 +135,8 @@ def test_the_planner_never_offers_a_tp_group_that_check_warns_about() -> None:
     cluster = Cluster(32, 4, "gb200")
     tps = {shape.tp for shape in shapes(cfg, cluster, {})}
     assert tps == {1, 2, 4, 8}
-    _, wide = resolve(
-        "llama31_405b_pretrain_128gpu_gb200_bf16", ["parallel.tensor_model_parallel_size=16"]
-    )
-    warned = [w.field for w in topology(wide, cluster, finalize(wide, cluster))]
+    # CP 1 keeps TP x PP x CP = 16 x 8 x 1 the world of 128: a valid run, warned about.
+    wide_tp = ["parallel.tensor_model_parallel_size=16", "parallel.context_parallel_size=1"]
+    _, wide = resolve("llama31_405b_pretrain_128gpu_gb200_bf16", wide_tp)
+    warned = [w.field for w in topology(wide, cluster, derive(wide, cluster))]
     assert warned == ["parallel.tensor_model_parallel_size"]

@@ -14,7 +14,7 @@ import pytest
 
 from config.finalize import finalize
 from config.hardware import GPUS
-from config.rules import validate
+from config.rules import derive, validate
 from recipes.recipe import Recipe
 from recipes.registry import all_recipes
 
@@ -159,7 +159,7 @@ def test_recipe_fits_its_gpu(name: str) -> None:
 
     recipe = RECIPES[name]
     cfg = recipe.config()
-    total = estimate_memory(cfg, recipe.cluster, finalize(cfg, recipe.cluster)).total_gib
+    total = estimate_memory(cfg, recipe.cluster, derive(cfg, recipe.cluster)).total_gib
     assert total < recipe.cluster.spec.memory_gib, (
         f"predicted {total:.1f} GiB per GPU, {recipe.cluster.gpu} has {recipe.cluster.spec.memory_gib} GiB"
     )

@@ -14,14 +14,16 @@ import json
 import pytest
 
 from config.cost.steptime import predict
-from config.finalize import finalize
+from config.finalize import complete, finalize
 from config.hardware import Cluster
+from config.rules import derive
 from config.tree import apply_overrides
 from recipes.advice.check import check
 from recipes.advice.plan import (
     MEMORY_MARGIN,
     MICRO_BATCHES,
     _apply,
+    _FastDerived,
     _fsdp_runs,
     _recomputes,
     _shardings,
@@ -62,7 +64,7 @@ def test_every_plan_is_valid_and_fits_by_check(recipe: str, cluster: Cluster) ->
         assert report.exit_code == 0, (p.overrides, report.problems)
         assert report.memory.total_gib == pytest.approx(p.memory.total_gib)
         assert report.memory.total_gib <= cluster.spec.memory_gib * (1 - MEMORY_MARGIN)
-        step = predict(cfg, cluster, finalize(cfg, cluster))
+        step = predict(cfg, cluster, derive(cfg, cluster))
         assert step.seconds == pytest.approx(p.step.seconds)
 
 
@@ -83,7 +85,7 @@ def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
             report = check(trial, cluster, suggest_fixes=False)
             if not report.valid or report.memory.total_gib > limit:
                 continue
-            seconds = predict(trial, cluster, report.derived).seconds
+            seconds = predict(trial, cluster, derive(trial, cluster)).seconds
             group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
             best[group] = min(best.get(group, seconds), seconds)
     return sorted(best.items(), key=lambda item: item[1])[:top]
@@ -127,6 +129,39 @@ def test_enumeration_covers_every_layout_check_accepts() -> None:
         if check(trial, H100, suggest_fixes=False).valid:
             accepted.add((tp, cp, pp, vpp))
     assert accepted and accepted <= enumerated
+
+
+@pytest.mark.parametrize(
+    ("recipe", "cluster", "pins"),
+    [
+        ("llama3_8b_pretrain", H100, {}),
+        ("qwen3_30b_a3b_pretrain", Cluster(2, 8, "h100"), {}),
+        ("llama31_405b_pretrain", Cluster(16, 8, "h100"), {}),  # balanced, uneven layouts
+        # Three chunks: over PP 2 or 4 not a whole number per rank, and no Derived.
+        (
+            "llama3_8b_pretrain",
+            H100,
+            {"parallel.pipeline_model_parallel_layout": "Et*10|t*11|t*11L"},
+        ),
+    ],
+)
+def test_the_planner_prices_each_candidate_with_finalizes_values(
+    recipe: str, cluster: Cluster, pins: dict[str, object]
+) -> None:
+    """The planner's cached copy of finalize (`_FastDerived`) gives each candidate the `Derived`
+    that `complete(finalize(...))` gives it, or none where that gives none."""
+    _, cfg = resolve(recipe, [])
+    work = copy.deepcopy(cfg)
+    fast = _FastDerived(work, cluster)
+    priced = unpriced = 0
+    for shape in shapes(cfg, cluster, pins):
+        recompute = _recomputes(cfg, shape, pins)[0]
+        for mbs in MICRO_BATCHES:
+            _apply(work, shape, mbs, recompute)
+            derived, _ = fast(shape, mbs, recompute)
+            assert derived == complete(finalize(work, cluster)), (shape, mbs)
+            priced, unpriced = priced + (derived is not None), unpriced + (derived is None)
+    assert priced > 0 and (unpriced > 0 or not pins)
 
 
 def test_fields_on_the_command_line_are_pinned() -> None:
@@ -195,7 +230,7 @@ def test_lora_prices_frozen_weights_at_two_thirds_of_the_gemm_time() -> None:
 
     _, full = resolve("llama3_8b_sft", [])
     _, lora = resolve("llama3_8b_sft", ["peft.scheme=lora"])
-    a = layer_costs(full, H100, finalize(full, H100))
-    b = layer_costs(lora, H100, finalize(lora, H100))
+    a = layer_costs(full, H100, derive(full, H100))
+    b = layer_costs(lora, H100, derive(lora, H100))
     for part in ("dense", "moe", "output"):
         assert getattr(b, part)["gemm"] == pytest.approx(getattr(a, part)["gemm"] * 2 / 3)

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from config.finalize import finalize
 from config.hardware import Cluster
 from config.registry import DataKind, register_data_kind, unregister_data_kind
+from config.rules import derive
 from config.schema import (
     CheckpointConfig,
     DataConfig,
@@ -85,7 +85,7 @@ def one_rank() -> Iterator[None]:
 def trainer_for(cfg: TrainingConfig) -> Any:
     from training.engine import Trainer
 
-    return Trainer(cfg, finalize(cfg, ONE_CPU), "cpu", Path(cfg.logging.run_dir))
+    return Trainer(cfg, derive(cfg, ONE_CPU), "cpu", Path(cfg.logging.run_dir))
 
 
 def train(cfg: TrainingConfig) -> None:
@@ -404,7 +404,8 @@ def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
 ) -> None:
     """Every GPU kind and precision preset: the peak `training.pretrain` hands the Trainer for its
     MFU is the one behind config/cost/steptime.py's predicted MFU, also where a kind lacks the preset's
-    number format (the checker refuses those runs; stubbed here to reach the Trainer)."""
+    number format (the checker refuses those runs; stubbed here to reach the Trainer). The Trainer
+    gets the values `config.rules.derive` gives the planner."""
     from config.cost.steptime import predict
     from config.hardware import GPUS
     from config.precision import PRESETS
@@ -413,10 +414,10 @@ def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
     class Built(Exception):
         """The Trainer was reached: what the engine measures MFU against is known."""
 
-    handed: dict[str, float | None] = {}
+    handed: dict[str, Any] = {}
 
     def trainer(cfg: Any, derived: Any, device: str, run_dir: Path, peak: float | None) -> None:
-        handed["peak"] = peak
+        handed["peak"], handed["derived"] = peak, derived
         raise Built
 
     monkeypatch.setattr(engine, "Trainer", trainer)
@@ -430,7 +431,9 @@ def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
             cfg.precision = precision
             with pytest.raises(Built):
                 entry.pretrain(cfg)
-            planned = predict(cfg, cluster, finalize(cfg, cluster))
+            derived = derive(cfg, cluster)
+            planned = predict(cfg, cluster, derived)
+            assert handed["derived"] == derived
             assert handed["peak"] == pytest.approx(planned.tflops_per_gpu / planned.mfu), (
                 gpu,
                 precision,
@@ -443,5 +446,5 @@ def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
         entry.pretrain(tiny(tmp_path))
     assert (
         handed["peak"] is None
-        and predict(tiny(tmp_path), ONE_CPU, finalize(tiny(tmp_path), ONE_CPU)) is None
+        and predict(tiny(tmp_path), ONE_CPU, derive(tiny(tmp_path), ONE_CPU)) is None
     )

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from config.cost.memory import estimate_memory
-from config.finalize import finalize
 from config.hardware import Cluster
-from config.rules import validate
+from config.rules import derive, validate
 from config.tree import ConfigError, to_dict
 from launchers.env import recipe_env
 from launchers.resume import check_resume
@@ -87,8 +86,8 @@ def test_fsdp_shards_weights_and_gradients_over_data_parallel() -> None:
     _, ddp = resolve("llama3_8b_pretrain", ["parallel.context_parallel_size=1"])
     _, fsdp = resolve("llama3_8b_pretrain", ["parallel.context_parallel_size=1", FSDP])
     cluster = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
-    a = estimate_memory(ddp, cluster, finalize(ddp, cluster))
-    b = estimate_memory(fsdp, cluster, finalize(fsdp, cluster))
+    a = estimate_memory(ddp, cluster, derive(ddp, cluster))
+    b = estimate_memory(fsdp, cluster, derive(fsdp, cluster))
     assert a.params_per_gpu == b.params_per_gpu
     assert b.optimizer_gib == pytest.approx(a.optimizer_gib)
     # What stays unsharded: one layer's gathered weights and its gradients before the reduction.
