@@ -27,10 +27,16 @@ pytestmark = pytest.mark.smoke
 
 STEPS = ("train.max_steps=6",)
 FSDP = "parallel.use_megatron_fsdp=true"
-PLANNED = {
-    "ddp_dense": Planned(2, STEPS),
-    "fsdp_dense": Planned(2, (*STEPS, FSDP)),
-}
+# The Megatron-FSDP run trains in a process of its own: once, right after the DDP run in the same
+# process (tests/smoke/run_many.py), one rank aborted at its second step with glibc's "unaligned
+# tcache chunk" (2 CPU ranks, machine loaded); alone it has not failed.
+PLANNED = {"ddp_dense": Planned(2, STEPS)}
+
+
+def _metrics(runs: Runs, name: str) -> list[dict]:
+    if name == "fsdp_dense":
+        return runs.metrics(name, 2, (*STEPS, FSDP))
+    return runs.metrics(name)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def planned(runs: Runs) -> Runs:
 
 
 def test_dense_matches_megatron_ddp(planned: Runs) -> None:
-    fsdp, ddp = planned.metrics("fsdp_dense"), planned.metrics("ddp_dense")
+    fsdp, ddp = _metrics(planned, "fsdp_dense"), _metrics(planned, "ddp_dense")
     assert_same_training(fsdp, ddp, steps=6, rel=1e-4)
 
 
@@ -53,7 +59,7 @@ def _exported(runs: Runs, name: str, out: Path) -> dict[str, torch.Tensor]:
 
 def test_export_reads_the_fsdp_checkpoint_as_the_ddp_one(planned: Runs, tmp_path: Path) -> None:
     for name in ("fsdp_dense", "ddp_dense"):
-        planned.metrics(name)  # trains it, once
+        _metrics(planned, name)  # trains it, once
     fsdp = _exported(planned, "fsdp_dense", tmp_path / "fsdp")
     ddp = _exported(planned, "ddp_dense", tmp_path / "ddp")
     assert {k: (v.shape, v.dtype) for k, v in fsdp.items()} == {
