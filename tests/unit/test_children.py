@@ -62,8 +62,9 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
         while not (pids := ranks_up(up)):
             assert inner.poll() is None, log.read_text()
             time.sleep(0.1)
-        assert all(alive(pid) for pid in pids)
         if signum is not None:
+            # (with "fails" the inner test ends its ranks as soon as they are up, maybe already)
+            assert all(alive(pid) for pid in pids)
             inner.send_signal(signum)
         inner.wait(timeout=120)
         left = children.leftovers(inner)  # torchrun, its ranks, their helpers: all carry its token
