@@ -3,8 +3,10 @@ one; no process a test starts outlives it (tests/support/children.py)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -55,6 +57,41 @@ def _children_end_with_the_test() -> Iterator[None]:
     before = children.count()
     yield
     children.stop_all(since=before)
+
+
+@pytest.fixture(autouse=True)
+def _process_groups_end_with_the_test() -> Iterator[None]:
+    """Process groups a test built in this process (a Trainer's, through Megatron-Core) are
+    destroyed when it ends, and with them their threads: otherwise every in-process run adds its
+    groups' threads to pytest's own. Those of a module's fixture (built before) stay. A group
+    that Megatron-Core has already forgotten lives in a reference cycle (model, optimizer,
+    trainer) until the collector runs, so it runs whenever the test left threads behind."""
+    before, threads = _process_groups(), _threads()
+    yield
+    if _process_groups() - before or _model_parallel_initialized():
+        from training import distributed
+
+        distributed.destroy(keep=before)
+    if _threads() > threads:
+        gc.collect()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _process_groups() -> frozenset:
+    """The torch.distributed groups this process holds; none where torch was never imported."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return frozenset()
+    return frozenset(dist.distributed_c10d._world.pg_map)
+
+
+def _model_parallel_initialized() -> bool:
+    """Whether Megatron-Core holds groups (which torch does not always list in its own map)."""
+    parallel_state = sys.modules.get("megatron.core.parallel_state")
+    return parallel_state is not None and parallel_state.model_parallel_is_initialized()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

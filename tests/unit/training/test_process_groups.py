@@ -1,16 +1,25 @@
 """training/distributed.py `destroy(keep=...)`: the process groups that existed before stay, every
 one built since goes, and with it (once nothing refers to it) the threads it held. One process,
-gloo; the ten-run version under torchrun is tests/smoke/test_pretrain_releases.py."""
+gloo; the ten-run version under torchrun is tests/smoke/test_pretrain_releases.py.
+
+The count runs in a fresh interpreter: pytest's own process carries threads of earlier tests that
+end on their own schedule, which would move the count either way."""
 
 from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.support import children
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def native_threads() -> int:
@@ -24,31 +33,39 @@ def native_threads() -> int:
     return last
 
 
-def test_destroy_keeps_the_groups_before_and_frees_the_threads_of_the_rest() -> None:
+def destroy_keeps_the_groups_before_and_frees_the_threads_of_the_rest() -> None:
     import torch.distributed as dist
 
     from training import distributed
     from training.ranks import Launch
 
-    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
-    created = distributed.init_process_group(Launch(0, 1, 0, 1), "cpu")
-    try:
-        before, threads = distributed.process_groups(), native_threads()
-        groups = [dist.new_group([0], backend="gloo") for _ in range(4)]
-        assert native_threads() > threads  # each gloo group runs threads of its own
-        assert distributed.process_groups() == before | set(groups)
-        distributed.destroy(keep=before)
-        assert distributed.process_groups() == before
-        assert dist.is_initialized()
-        del groups
-        gc.collect()
-        assert native_threads() == threads
-    finally:
-        if created:
-            distributed.destroy()
-            assert distributed.process_groups() == frozenset()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    assert distributed.init_process_group(Launch(0, 1, 0, 1), "cpu")
+    before, threads = distributed.process_groups(), native_threads()
+    groups = [dist.new_group([0], backend="gloo") for _ in range(4)]
+    assert native_threads() > threads  # each gloo group runs threads of its own
+    assert distributed.process_groups() == before | set(groups)
+    distributed.destroy(keep=before)
+    assert distributed.process_groups() == before
+    assert dist.is_initialized()
+    del groups
+    gc.collect()
+    assert native_threads() == threads
+    distributed.destroy()
+    assert distributed.process_groups() == frozenset()
+
+
+def test_destroy_keeps_the_groups_before_and_frees_the_threads_of_the_rest() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    done = children.run(
+        [sys.executable, "-m", "tests.unit.training.test_process_groups"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    destroy_keeps_the_groups_before_and_frees_the_threads_of_the_rest()
