@@ -362,11 +362,44 @@ def enabled() -> bool:
     return _enabled
 
 
+def _no_compile(fn: Callable | None = None, *args: Any, **kwargs: Any) -> Any:
+    """torch.compile as Megatron-Core's own `noop_decorator`, bare or called with options."""
+    return fn if fn is not None else (lambda inner: inner)
+
+
+def import_megatron_core() -> None:
+    """Import Megatron-Core for a CPU run, with its JIT fuser off (megatron/core/jit.py).
+
+    Megatron-Core decorates its fused kernels (bias-GELU, SwiGLU, rotary, ...) with `jit_fuser`,
+    which is `torch.compile`: the decoration alone imports TorchDynamo and Inductor, about 2 s of
+    CPU per process, paid by every rank of every CPU launch. A CPU run never calls those kernels
+    compiled (the fusion flags are off there, and Inductor would need a C++ toolchain). So the
+    package is imported with torch.compile standing in as Megatron-Core's no-op decorator, and
+    `disable_jit_fuser` keeps it so for the modules imported later. No effect once Megatron-Core
+    is imported (a process that imported it for something else keeps what it has).
+    """
+    import sys
+
+    if "megatron.core" in sys.modules:
+        return
+    compile_ = torch.compile
+    torch.compile = _no_compile  # type: ignore[assignment]
+    try:
+        import megatron.core
+        from megatron.core import jit
+
+        jit.disable_jit_fuser()
+    finally:
+        torch.compile = compile_
+    del megatron
+
+
 def enable() -> None:
     """Redirect Megatron-Core's CUDA calls to the CPU. Idempotent; call before building anything."""
     global _enabled
     if _enabled:
         return
+    import_megatron_core()
     # 1. torch as the listed modules see it.
     proxy = _CpuTorch()
     for name in _MODULES:

@@ -76,6 +76,10 @@ def pretrain(
     if launch_from_env().rank == 0:
         paths.write_run_config(config, run_dir)
 
+    if device == "cpu":
+        from training import cpu_mode
+
+        cpu_mode.import_megatron_core()  # before the engine's imports: see there
     from training import distributed
     from training.checkpoint.store import Checkpointer
     from training.engine import Trainer

@@ -74,6 +74,7 @@ SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -297,8 +298,8 @@ def test_a_failed_job_requeues_and_resumes(
 ) -> None:
     """The ranks of a running job die (USR2 kills torchrun and every rank, as a crash would) after
     a checkpoint: the script requeues the job (resilience.max_requeues=1), which resumes from
-    that checkpoint and completes; the log says what it did. Slurm holds a requeued job for about
-    two minutes before it starts it again, so this test takes about five."""
+    that checkpoint and completes; the log says what it did. Slurm holds a requeued job until the
+    old job's credential has expired (AuthInfo cred_expire: 120 s by default, 10 s here)."""
     tmp = tmp_path_factory.mktemp("requeue")
     run_dir = tmp / "run"
     ids, _ = submit(
