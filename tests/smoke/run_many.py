@@ -17,7 +17,7 @@ config could trip over, and the stop policy installs its signal handlers per con
 back after it. With RECIPES_TEST_SIGNAL_AT_STEP=N in the environment, the last rank of every config
 sends itself SIGUSR1 after step N (tests/smoke/signal_at_step.py), as that script does for one.
 
-Rank 0 prints `run_many: start NAME` and `run_many: done NAME` (NAME: the YAML file's stem, unique
+Rank 0 prints `run_many: start NAME` and `run_many: done NAME in T s` (NAME: the YAML file's stem, unique
 within a launch), so the caller can tell which config a failure belongs to. The first failure ends
 the launch with exit 1: after an exception the ranks may be stopped at different collectives, and
 nothing run after that would be trustworthy (torchrun then stops the other ranks).
@@ -35,6 +35,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.config:
         name = Path(path).stem
         _say(launch.rank, f"start {name}")
+        began = time.monotonic()
         try:
             pretrain(load_config(path, []))
             dist.barrier()  # "done" means done on every rank, not only on rank 0
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             # Not sys.exit: interpreter shutdown would tear down a gloo group whose peers may be
             # blocked in a collective, and could hang there instead of exiting.
             os._exit(1)
-        _say(launch.rank, f"done {name}")
+        _say(launch.rank, f"done {name} in {time.monotonic() - began:.1f} s")
     if owns_group:
         distributed.destroy()
     return 0
@@ -205,7 +207,7 @@ def split_outcomes(
 ) -> dict[str, Outcome]:
     """Cut a launch's output at the runner's start/done lines: finished configs, and the one it
     stopped in. A launch that stopped outside any config fails all it had not finished."""
-    marker = re.compile(rf"{MARK} (start|done) (\S+)")
+    marker = re.compile(rf"{MARK} (start|done) (\S+)(?: in [\d.]+ s)?")
     outcomes: dict[str, Outcome] = {}
     current: str | None = None
     lines: dict[str | None, list[str]] = {None: []}
