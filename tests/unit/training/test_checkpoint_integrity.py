@@ -166,28 +166,93 @@ def rewrite_manifest(folder: Path) -> None:
     dirs.write_manifest(folder, dirs.file_digests(folder, dirs.checkpoint_files(folder)))
 
 
-def craft_rng(folder: Path, marker: Path) -> None:
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
+
+
+def calling(module: str, name: str, *args: str | list[str]) -> bytes:
+    """A protocol-4 pickle that calls module's `name` with `args`, written opcode by opcode:
+    STACK_GLOBAL resolves a dotted name attribute by attribute, from the module on."""
+    out = pickle.PROTO + b"\x04" + _text(module) + _text(name) + pickle.STACK_GLOBAL + pickle.MARK
+    for arg in args:
+        if isinstance(arg, list):
+            out += pickle.EMPTY_LIST + pickle.MARK + b"".join(map(_text, arg)) + pickle.APPENDS
+        else:
+            out += _text(arg)
+    return out + pickle.TUPLE + pickle.REDUCE + pickle.STOP
+
+
+def in_a_torch_file(path: Path, pickled: bytes) -> None:
+    """`pickled` as the object of the torch.save file at `path` (its zip's data.pkl)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as old:
+        entries = {info.filename: old.read(info) for info in old.infolist()}
+    (record,) = [name for name in entries if name.endswith("/data.pkl")]
+    entries[record] = pickled
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as new:
+        for name, data in entries.items():
+            new.writestr(name, data)
+
+
+def craft_rng(folder: Path, marker: Path) -> str:
     torch.save({"python": Payload(marker)}, folder / "rng" / "rank_00000.pt")
+    return "system"
 
 
-def craft_metadata(folder: Path, marker: Path) -> None:
+def craft_metadata(folder: Path, marker: Path) -> str:
     (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    return "refusing to load posix.system"
 
 
-def craft_data_position(folder: Path, marker: Path) -> None:
+def craft_metadata_eval(folder: Path, marker: Path) -> str:
+    code = f"__import__('os').system('touch {marker}')"
+    (folder / ".metadata").write_bytes(calling("builtins", "eval", code))
+    return "refusing to load builtins.eval"
+
+
+# The name walks from an allowed module's attributes to subprocess.Popen, a class.
+WALK = ("torch.distributed.checkpoint.metadata", "torch.ctypes.util.subprocess.Popen")
+
+
+def craft_metadata_attribute_walk(folder: Path, marker: Path) -> str:
+    import ctypes.util  # noqa: F401  (imports subprocess: the walk's last steps)
+
+    (folder / ".metadata").write_bytes(calling(*WALK, ["touch", str(marker)]))
+    return f"refusing to load {'.'.join(WALK)}"
+
+
+def craft_rng_attribute_walk(folder: Path, marker: Path) -> str:
+    in_a_torch_file(folder / "rng" / "rank_00000.pt", calling(*WALK, ["touch", str(marker)]))
+    return "Unsupported operand"  # torch's weights-only reader has no STACK_GLOBAL at all
+
+
+def craft_data_position(folder: Path, marker: Path) -> str:
     torch.save({"consumed_samples": Payload(marker)}, folder / "data" / "rank_00000.pt")
+    return "system"
 
 
-@pytest.mark.parametrize("craft", [craft_rng, craft_metadata, craft_data_position])
+CRAFTS = [
+    craft_rng,
+    craft_rng_attribute_walk,
+    craft_metadata,
+    craft_metadata_eval,
+    craft_metadata_attribute_walk,
+    craft_data_position,
+]
+
+
+@pytest.mark.parametrize("craft", CRAFTS)
 def test_a_crafted_checkpoint_runs_no_code(
-    saved: Path, tmp_path: Path, craft: Callable[[Path, Path], None]
+    saved: Path, tmp_path: Path, craft: Callable[[Path, Path], str]
 ) -> None:
     """checkpoint.load_dir pointed at someone else's folder: its files are refused, not run."""
     load_dir = tmp_path / "theirs"
     shutil.copytree(saved, load_dir)
     marker = tmp_path / "pwned"
     for folder in dirs.complete_checkpoints(load_dir):
-        craft(folder, marker)
+        refused = craft(folder, marker)
         rewrite_manifest(folder)
     from training.checkpoint.store import Checkpointer
 
@@ -208,7 +273,27 @@ def test_a_crafted_checkpoint_runs_no_code(
     finally:
         trainer.close()
     assert not marker.exists(), "loading the checkpoint ran a command"
-    assert "system" in str(err.value)  # the refused global is named
+    assert refused in str(err.value)  # the refused global is named
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        WALK,
+        ("torch.distributed.checkpoint.metadata", "torch"),  # a module, not a class
+        ("torch.distributed.checkpoint.metadata", "Enum"),  # a class it imports, not its own
+        ("torch.distributed.checkpoint.metadata", "Metadata.__class__"),  # a walk to `type`
+        ("torch", "load"),
+    ],
+)
+def test_the_metadata_allowlist_takes_exact_names_only(
+    tmp_path: Path, module: str, name: str
+) -> None:
+    from training.checkpoint.state import check_metadata
+
+    (tmp_path / ".metadata").write_bytes(calling(module, name))
+    with pytest.raises(ValueError, match=f"refusing to load {module}.{name}"):
+        check_metadata(tmp_path)
 
 
 def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> None:
