@@ -128,7 +128,34 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    """A checkpoint's train_state.json; ValueError, naming the file, when it is empty, not JSON
+    or not a JSON object (damage that a checkpoint is passed over for, as any other)."""
+    path = folder / STATE_FILE
+    try:
+        data = path.read_bytes()
+        if not data:
+            raise ValueError("0 bytes")
+        state = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        why = "empty" if str(err) == "0 bytes" else f"unreadable ({type(err).__name__}: {err})"
+        raise ValueError(f"{path} is {why}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is unreadable (a JSON {type(state).__name__}, not an object)")
+    return state
+
+
+def resume_state(save_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
+    """The checkpoint a resume starts from, by its train_state.json, and why each newer one was
+    passed over: `resume_candidates` in order, skipping those whose train_state.json `read_state`
+    refuses, as the ranks' resume does (which also checks every file against the manifest)."""
+    candidates, _ = resume_candidates(save_dir)
+    passed = []
+    for path in candidates:
+        try:
+            return (path, read_state(path)), passed
+        except ValueError as err:
+            passed.append(str(err))
+    return None, passed
 
 
 def checkpoint_files(folder: Path) -> list[str]:

@@ -211,6 +211,10 @@ class Checkpointer:
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             return problems[0] + more
+        try:  # a manifest written over an empty or cut train_state.json agrees with it
+            dirs.read_state(path)
+        except ValueError as err:
+            return str(err)
         return None
 
     @staticmethod

@@ -94,6 +94,13 @@ def empty_the_train_state(folder: Path) -> str:
     return f"{dirs.STATE_FILE} has 0 bytes"
 
 
+def empty_the_train_state_and_its_manifest_entry(folder: Path) -> str:
+    """A 0-byte train_state.json that the manifest agrees with: its hashes cannot tell."""
+    (folder / dirs.STATE_FILE).write_bytes(b"")
+    rewrite_manifest(folder)
+    return f"{dirs.STATE_FILE} is empty"
+
+
 def truncate_the_rng_file(folder: Path) -> str:
     rng = folder / "rng" / "rank_00000.pt"
     rng.write_bytes(rng.read_bytes()[:50])
@@ -112,6 +119,7 @@ DAMAGE: dict[str, Callable[[Path], str]] = {
         truncate_a_shard,
         remove_the_metadata,
         empty_the_train_state,
+        empty_the_train_state_and_its_manifest_entry,
         truncate_the_rng_file,
         remove_the_manifest,
     )
