@@ -52,6 +52,45 @@ def fresh_output(out: Path) -> Path:
     return tmp
 
 
+def foreign_file(folder: Path, name: str) -> Path | None:
+    """The file `folder/name` of a folder someone else made, to copy into an export as it is:
+    its real path, or None when there is none. A symbolic link that leads out of `folder` (to a
+    private file that the export would then carry), or anything but a regular file, is a
+    ConvertError naming it. huggingface_hub's cache links each file of a snapshot to its blob,
+    `snapshots/<rev>/<name> -> ../../blobs/<hash>`: such a blob counts as inside."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    fix = (
+        "an export copies such files as they are; put the file itself there (not a link) if it is "
+        "meant to travel with the model, or remove it, then export again"
+    )
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError) as err:  # dangling, or a loop of links
+        raise ConvertError(f"{path} is a symbolic link that leads nowhere ({err}); {fix}") from None
+    root = folder.resolve()
+    inside = [root]
+    blobs = root.parent.parent / "blobs"
+    if root.parent.name == "snapshots" and blobs.is_dir() and not blobs.is_symlink():
+        inside.append(blobs)
+    if not any(target.is_relative_to(r) for r in inside):
+        raise ConvertError(f"{path} is a symbolic link to {target}, outside {folder}; {fix}")
+    if not target.is_file():
+        raise ConvertError(f"{path} is not a regular file; {fix}")
+    return target
+
+
+def copy_foreign(folder: Path, name: str, dest: Path) -> bool:
+    """Copy `folder/name`, checked by `foreign_file`, to the file `dest` unless that exists
+    already; whether it was copied."""
+    source = foreign_file(folder, name)
+    if source is None or dest.exists():
+        return False
+    shutil.copyfile(source, dest)
+    return True
+
+
 def finish(tmp: Path, out: Path) -> None:
     if out.exists():
         out.rmdir()  # empty, checked at the start

@@ -46,7 +46,9 @@ from training.hf.convert import (
     EXTRA,
     LAYER_KEY,
     ConvertError,
+    copy_foreign,
     finish,
+    foreign_file,
     fresh_output,
     per_layer_key,
     progress,
@@ -335,6 +337,8 @@ def _export(
         produced = {n for node in weights.values() for n in hf_names(node)}
         extra_names = sorted(set(origin.tensors) - produced)
         plan += [(n, origin.dtype(n), origin.shape(n)) for n in extra_names]
+        for file in sorted({origin.tensors[n][0] for n in extra_names}):
+            foreign_file(origin.folder, file)  # their tensors are copied out as they are
     plan += [(k[len(EXTRA) :], stored[k].properties.dtype, tuple(stored[k].size)) for k in extras]
 
     # One read per layer: the map's entries grouped by the layer they belong to.
@@ -385,16 +389,17 @@ def _write_config(
 ) -> None:
     dtypes = {d for _, d, _ in plan}
     dtype = str(next(iter(dtypes))).removeprefix("torch.") if len(dtypes) == 1 else None
+    if origin is not None:
+        foreign_file(origin, CONFIG_FILE)  # its fields are written out: the same check as a copy
     config = read_config(origin) if origin is not None else module.to_hf(model)
     if dtype is not None:
         config["torch_dtype"] = dtype
         config.pop("dtype", None)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    if origin is not None and (origin / "generation_config.json").is_file():
-        shutil.copyfile(origin / "generation_config.json", folder / "generation_config.json")
-    else:
+    name = "generation_config.json"
+    if origin is None or not copy_foreign(origin, name, folder / name):
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
-        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        (folder / name).write_text(json.dumps(generation, indent=2) + "\n")
 
 
 def _tokenizer_json(path: Path) -> Path:
@@ -409,7 +414,7 @@ def _copy_tokenizer(folder: Path, state: dict[str, Any], origin: Path | None) ->
     if tokenizer is not None and tokenizer.exists():
         sources.append(tokenizer if tokenizer.is_dir() else tokenizer.parent)
         if tokenizer.is_file():
-            shutil.copyfile(tokenizer, folder / "tokenizer.json")
+            copy_foreign(tokenizer.parent, tokenizer.name, folder / "tokenizer.json")
     if origin is not None:
         theirs = origin / "tokenizer.json"
         ours = _tokenizer_json(tokenizer) if tokenizer is not None else None
@@ -420,5 +425,4 @@ def _copy_tokenizer(folder: Path, state: dict[str, Any], origin: Path | None) ->
             sources.append(origin)
     for source in sources:
         for name in TOKENIZER_FILES:
-            if (source / name).is_file() and not (folder / name).exists():
-                shutil.copyfile(source / name, folder / name)
+            copy_foreign(source, name, folder / name)

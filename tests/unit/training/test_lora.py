@@ -94,6 +94,14 @@ def test_lora_trains_adapters_only_and_exports_what_peft_computes(
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
 
+    # The merged export copies the origin's files: one that links to a private file is refused.
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "hf_SECRET"}')
+    (tmp_path / "hf" / "generation_config.json").unlink()
+    (tmp_path / "hf" / "generation_config.json").symlink_to(secret)
+    assert main(["export", ckpt, str(tmp_path / "merged2")]) == 2
+    assert not (tmp_path / "merged2").exists()
+
 
 def test_export_of_a_full_checkpoint_refuses_adapter(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out"), "--adapter"]) == 2
