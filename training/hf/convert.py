@@ -7,6 +7,7 @@ run leaves no half folder under the name asked for), and report progress on stde
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from models.hf.safetensors_io import HfWeights
+from training.checkpoint import dirs
 
 EXTRA = "hf_extra."  # import: Hugging Face tensors the model does not hold
 LAYER_KEY = re.compile(r"(.*\blayers)\.(\d+)\.(.*)")
@@ -38,6 +40,29 @@ def progress(label: str, total: int) -> Callable[[int], None]:
             print(f"{label}: {done}/{total} tensors ({took:.1f} s)", file=sys.stderr, flush=True)
 
     return report
+
+
+@contextlib.contextmanager
+def writing(out: Path) -> Iterator[Path]:
+    """A temporary sibling of `out` to write into (`fresh_output`), renamed to `out` when the block
+    ends. When it fails the sibling is removed, so that nothing under `out` looks complete, and a
+    full disk (training/checkpoint/dirs.py `disk_full`) is a ConvertError naming `out`."""
+    tmp = fresh_output(out)
+    try:
+        yield tmp
+    except BaseException as err:
+        # Asked before the partial output goes: the probe must meet the disk as it was.
+        stopped = isinstance(err, KeyboardInterrupt | SystemExit | ConvertError)
+        full = not stopped and dirs.disk_full(err, out.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise ConvertError(
+                f"No space left on device writing {out} ({dirs.free_space(out.parent)} there); "
+                "what was written is removed, nothing is left under that name. Free space, or "
+                "give a folder on another disk, then run again"
+            ) from err
+        raise
+    finish(tmp, out)
 
 
 def fresh_output(out: Path) -> Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -47,11 +46,10 @@ from training.hf.convert import (
     LAYER_KEY,
     ConvertError,
     copy_foreign,
-    finish,
     foreign_file,
-    fresh_output,
     per_layer_key,
     progress,
+    writing,
 )
 
 TOKENIZER_FILES = (
@@ -347,41 +345,38 @@ def _export(
         match = LAYER_KEY.fullmatch(key)
         by_layer.setdefault((match[1], int(match[2])) if match else key, []).append(key)
 
-    tmp = fresh_output(out)
-    writer = ShardWriter(tmp, plan, max_shard_bytes)
-    order = writer.order  # the plan's: map entries as the layers come, then the extras
     report = progress(f"export {path.name}", len(plan))
-    done = 0
-    try:
-        assembler = Assembler()
-        for group in by_layer.values():
-            loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored, sources)
-            for key in group:
-                for hf_name, start, rows in split(weights[key], loaded.pop(key)):
-                    # A view: the loaded tensor lives until its last piece is written.
-                    assembler.add(hf_name, start, rows)
-            while done < len(order) and order[done] in assembler.names():
-                writer.write(order[done], assembler.take(order[done]))
+    with writing(out) as tmp:
+        writer = ShardWriter(tmp, plan, max_shard_bytes)
+        order = writer.order  # the plan's: map entries as the layers come, then the extras
+        done = 0
+        try:
+            assembler = Assembler()
+            for group in by_layer.values():
+                loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored, sources)
+                for key in group:
+                    for hf_name, start, rows in split(weights[key], loaded.pop(key)):
+                        # A view: the loaded tensor lives until its last piece is written.
+                        assembler.add(hf_name, start, rows)
+                while done < len(order) and order[done] in assembler.names():
+                    writer.write(order[done], assembler.take(order[done]))
+                    done += 1
+                    report(done)
+            if origin is not None:  # extra_names are the origin's
+                for n in extra_names:
+                    writer.write(n, origin.read(n))
+                    done += 1
+                    report(done)
+            for k in extras:
+                loaded = _load_boxes(reader, [(k, k, None)], stored)
+                writer.write(k[len(EXTRA) :], loaded[k])
                 done += 1
                 report(done)
-        if origin is not None:  # extra_names are the origin's
-            for n in extra_names:
-                writer.write(n, origin.read(n))
-                done += 1
-                report(done)
-        for k in extras:
-            loaded = _load_boxes(reader, [(k, k, None)], stored)
-            writer.write(k[len(EXTRA) :], loaded[k])
-            done += 1
-            report(done)
-        writer.close()
+            writer.close()
+        finally:
+            writer.abort()  # the file a failure left open; nothing once every file is written
         _write_config(tmp, model, module, origin.folder if origin else None, plan)
         _copy_tokenizer(tmp, state, origin.folder if origin else None)
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finish(tmp, out)
 
 
 def _write_config(

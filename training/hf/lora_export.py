@@ -19,7 +19,6 @@ rows of B. The update is the same matrix: (alpha / rank) B A, row block by row b
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,7 +32,7 @@ from models.hf import module_of
 from models.hf.mapping import Assembler, split
 from training.checkpoint import dirs
 from training.checkpoint.state import safe_loading
-from training.hf.convert import ConvertError, copy_foreign, finish, foreign_file, fresh_output
+from training.hf.convert import ConvertError, copy_foreign, foreign_file, writing
 from training.hf.exporter import (
     _CachedReader,
     _checkpoint_keys,
@@ -81,16 +80,11 @@ def export_lora(checkpoint: Path, out: Path, *, adapter: bool, family_name: str 
     module = module_of(_family_for(model, origin, family_name))
     with safe_loading(path):
         factors = adapter_factors(path, model, module, origin)
-    tmp = fresh_output(out)
-    try:
+    with writing(out) as tmp:
         if origin is not None and not adapter:  # a merged model needs its origin (refused above)
             _write_merged(tmp, factors, peft, origin, state)
         else:
             _write_adapter(tmp, factors, peft, origin)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finish(tmp, out)
     return out
 
 

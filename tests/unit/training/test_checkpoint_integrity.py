@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.support import children
+from tests.support.full_disk import FULL_DISK
 from tests.unit.training.test_engine import one_rank, tiny, trainer_for  # noqa: F401 (a fixture)
 from training.checkpoint import dirs
 
@@ -344,6 +345,37 @@ def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
     tmp_path: Path,
 ) -> None:
     save_dir = small_disk / "ckpt"
+    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
+    try:
+        with pytest.raises(OSError) as err:
+            trainer.train([ckpt])
+    finally:
+        trainer.close()
+    text = str(err.value)
+    assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
+    assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
+    assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+
+
+@pytest.mark.parametrize("error", ["oserror", "torch"])
+def test_a_full_disk_as_the_writers_report_it_is_named_and_the_last_checkpoint_stays(
+    one_rank: None,  # noqa: F811
+    tmp_path: Path,
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk fills up while step 4 is saved: an OSError, or the RuntimeError torch.save raises
+    for its short write. The same answer as `recipes import` and `export` give for the same
+    errors (training/checkpoint/dirs.py `disk_full`; tests/unit/training/test_hf_convert.py)."""
+    real = torch.save
+
+    def save(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        if "iter_0000004" in str(path):
+            raise FULL_DISK[error]()
+        real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    save_dir = tmp_path / "ckpt"
     trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
     try:
         with pytest.raises(OSError) as err:

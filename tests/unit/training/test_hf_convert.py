@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from recipes.cli import main
+from tests.support.full_disk import FULL_DISK, fills_up
 from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
 from tests.unit.models.test_hf_llama import tiny_llama
 from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
@@ -208,3 +209,34 @@ def test_every_copy_of_a_foreign_file_goes_through_one_check() -> None:
     for module in sorted(root.glob("*.py")):
         if module.name != "convert.py":
             assert not copying.search(module.read_text()), module.name
+
+
+def assert_named_and_gone(out: Path, err: str) -> None:
+    assert f"No space left on device writing {out}" in err, err
+    assert "Traceback" not in err
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+
+
+@pytest.mark.parametrize("error", FULL_DISK)
+def test_a_full_disk_during_import_is_named_and_leaves_nothing(
+    tmp_path: Path, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """torch's checkpoint writer (every tensor goes through torch.save) runs out of space."""
+    tiny_llama(tmp_path / "hf")
+    monkeypatch.setattr(torch, "save", fills_up(torch.save, 3, error))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 2
+    assert_named_and_gone(tmp_path / "imported", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("error", FULL_DISK)
+def test_a_full_disk_during_export_is_named_and_leaves_nothing(
+    tmp_path: Path, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The safetensors files of the export run out of space, a few tensors in."""
+    from models.hf.safetensors_io import ShardWriter
+
+    tiny_llama(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    monkeypatch.setattr(ShardWriter, "write", fills_up(ShardWriter.write, 3, error))
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 2
+    assert_named_and_gone(tmp_path / "back", capsys.readouterr().err)
