@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from config.hf import read_json
 from config.schema import data_kind
+from data.template_limit import bounded
 
 if TYPE_CHECKING:
     from config.schema import TrainingConfig
@@ -135,12 +136,15 @@ class LocalTokenizer:
         return self._backend if self._is_transformers else None
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
+        """transformers' rendering, within data/template_limit.py's bound on the template's
+        loops (TemplateTooLong, naming this tokenizer, past it)."""
         if not self._is_transformers:
             raise NotImplementedError(
                 f"{self.path}: chat templates need an HF tokenizer folder and the transformers "
                 "package; a bare tokenizer.json carries no template"
             )
-        return self._backend.apply_chat_template(conversation, **kwargs)
+        with bounded(self.path):
+            return self._backend.apply_chat_template(conversation, **kwargs)
 
 
 def load_tokenizer(path: str | Path, *, eod_token: str | None = None) -> LocalTokenizer:
