@@ -149,7 +149,7 @@ def resume_state(save_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, li
     passed over: `resume_candidates` in order, skipping those whose train_state.json `read_state`
     refuses, as the ranks' resume does (which also checks every file against the manifest)."""
     candidates, _ = resume_candidates(save_dir)
-    passed = []
+    passed: list[str] = []
     for path in candidates:
         try:
             return (path, read_state(path)), passed
