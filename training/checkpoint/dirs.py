@@ -32,6 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from config.hf import parse_json
+
 # train_state.json's dist_optimizer_sharding of a Megatron-FSDP checkpoint (Megatron-Core's name).
 from config.layout import FSDP_SHARDING as FSDP_SHARDING
 
@@ -133,14 +135,13 @@ def read_state(folder: Path) -> dict[str, Any]:
     path = folder / STATE_FILE
     try:
         data = path.read_bytes()
-        if not data:
-            raise ValueError("0 bytes")
-        state = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
-        why = "empty" if str(err) == "0 bytes" else f"unreadable ({type(err).__name__}: {err})"
-        raise ValueError(f"{path} is {why}") from None
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err})") from None
+    if not data:
+        raise ValueError(f"{path} is empty (0 bytes)")
+    state = parse_json(data, path)
     if not isinstance(state, dict):
-        raise ValueError(f"{path} is unreadable (a JSON {type(state).__name__}, not an object)")
+        raise ValueError(f"{path} is a JSON {type(state).__name__}, not an object")
     return state
 
 
