@@ -33,7 +33,8 @@ message and the answers that follow it), whole, keeping the system message, unti
 whose last exchange alone does not fit is skipped. Both counts are printed on the first rank.
 
 Errors: every line is read and rendered when the dataset is built, before the first step; a line
-that is not a conversation is a ChatDataError naming the file and the line.
+that is not a conversation is a ChatDataError naming the file and the line, and so is a rendering
+that the template's loops drag past data/template_limit.py's bound.
 
 Rows, order, split, packing and epochs are data.kind=sft's (data/sft.py `TokenRows`).
 """

@@ -1,8 +1,10 @@
 """What `recipes import` (training/hf/importer.py) and `recipes export` (training/hf/exporter.py) share.
 
 Both stream, holding about one layer's tensors at a time (bench/hf_convert.py measures it), write
-into a temporary sibling of their output folder and rename it at the end (a failed or interrupted
-run leaves no half folder under the name asked for), and report progress on stderr.
+into a temporary sibling of their output folder and rename it at the end (`writing`: a failed or
+interrupted run leaves no half folder under the name asked for, and a full disk is named), and
+report progress on stderr. A file copied as it is from a folder someone else made (tokenizer files,
+configs, the origin's weights) must be a regular file inside that folder (`foreign_file`).
 """
 
 from __future__ import annotations
