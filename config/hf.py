@@ -98,6 +98,27 @@ def is_hf_folder(path: str | Path) -> bool:
     return (folder / CONFIG_FILE).is_file() and has_weights
 
 
+def parse_json(text: str | bytes, name: str | Path) -> Any:
+    """JSON that someone else wrote (config.json, tokenizer files, safetensors headers);
+    ValueError naming it (`name`: its path, or what it is) when it is not UTF-8 JSON, or nests
+    deeper than Python's reader follows (which raises RecursionError, a traceback otherwise)."""
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{name} is not JSON: {err}") from None
+    except RecursionError:
+        raise ValueError(
+            f"{name} is not JSON this reader takes: its lists and objects are nested deeper than "
+            "Python's JSON reader follows (a damaged or crafted file; no Hugging Face file nests "
+            "so deep)"
+        ) from None
+
+
+def read_json(path: str | Path) -> Any:
+    """`parse_json` of the file at `path` (OSError when it cannot be read)."""
+    return parse_json(Path(path).read_bytes(), path)
+
+
 def read_config(folder: str | Path) -> dict[str, Any]:
     """config.json as a dict; ValueError naming the file when it is missing or not JSON."""
     path = Path(folder) / CONFIG_FILE
@@ -107,13 +128,11 @@ def read_config(folder: str | Path) -> dict[str, Any]:
             "downloaded from a hub)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except FileNotFoundError:
         raise ValueError(
             f"{folder} has no {CONFIG_FILE}: not a Hugging Face model folder"
         ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not JSON: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object")
     return data
@@ -143,9 +162,11 @@ def read_header(path: Path) -> dict[str, Any]:
             raise ValueError(f"{path} is not a safetensors file (header of {length} bytes)")
         text = f.read(length)
     try:
-        header = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not a safetensors file ({err})") from None
+        header = parse_json(text, "its header")
+    except ValueError as err:
+        raise ValueError(f"{path} is not a safetensors file: {err}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
     return header
 
@@ -156,7 +177,7 @@ def safetensors_tensors(folder: str | Path) -> dict[str, tuple[str, str, tuple[i
     index = folder / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = parse_json(index.read_bytes(), "it")["weight_map"]
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{index} is not a safetensors index ({err})") from None
         files = sorted(set(weight_map.values()))
@@ -297,8 +318,10 @@ __all__ = [
     "is_hf_folder",
     "model_from_hf",
     "model_override",
+    "parse_json",
     "read_error",
     "read_config",
+    "read_json",
     "safetensors_tensors",
     "with_training_fields",
 ]

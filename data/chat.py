@@ -33,7 +33,8 @@ message and the answers that follow it), whole, keeping the system message, unti
 whose last exchange alone does not fit is skipped. Both counts are printed on the first rank.
 
 Errors: every line is read and rendered when the dataset is built, before the first step; a line
-that is not a conversation is a ChatDataError naming the file and the line.
+that is not a conversation is a ChatDataError naming the file and the line, and so is a rendering
+that the template's loops drag past data/template_limit.py's bound.
 
 Rows, order, split, packing and epochs are data.kind=sft's (data/sft.py `TokenRows`).
 """
@@ -53,6 +54,7 @@ from config.schema import TrainingConfig
 from data.batches import SampledBatches
 from data.records import ChatDataError, read_conversations
 from data.sft import TokenRows, build_rows, on_first_rank, rows_batches
+from data.template_limit import TemplateTooLong
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Stands in for an assistant message to learn what the template writes after one: no whitespace
@@ -105,20 +107,27 @@ class ChatTemplate:
                 "tokenizer_config.json, no chat_template.jinja); point data.tokenizer at the "
                 "instruct model's tokenizer folder, or use data.kind=sft for prompt/response pairs"
             ) from None
-        self.backend = backend
+        self.tokenizer, self.backend = tokenizer, backend
         self.marked = bool(GENERATION.search(self.template))
 
     def render(self, messages: list[dict[str, str]], prompt: bool = False) -> str:
-        return self.backend.apply_chat_template(
+        # The tokenizer's rendering is bounded (data/template_limit.py): a template is foreign code.
+        return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=prompt
         )
 
     def encode(self, messages: list[dict[str, str]], where: str) -> Conversation:
         """Token ids of the conversation and which are the assistant's; `where` (file:line)
         names it in errors."""
+        try:
+            return self._encode(messages, where)
+        except TemplateTooLong as err:
+            raise TemplateTooLong(f"{where}: {err}") from None
+
+    def _encode(self, messages: list[dict[str, str]], where: str) -> Conversation:
         mask: list[int] | np.ndarray
         if self.marked:
-            out = self.backend.apply_chat_template(
+            out = self.tokenizer.apply_chat_template(
                 messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
             )
             ids, mask = list(out["input_ids"]), list(out["assistant_masks"])

@@ -206,10 +206,14 @@ class _StateUnpickler(pickle.Unpickler):
             return safe_load_from_bytes
         if (module, name) in _NUMPY | _PLAIN:
             return super().find_class(module, name)
-        if module.startswith("megatron.energon."):
+        # Energon's own state classes, each under the module and name it is defined with: a
+        # dotted name would walk attributes from an Energon module to anywhere.
+        if module.startswith("megatron.energon.") and "." not in name:
             found = super().find_class(module, name)
-            if isinstance(found, type) and (
-                dataclasses.is_dataclass(found) or dict in found.__mro__
+            if (
+                isinstance(found, type)
+                and (found.__module__, found.__qualname__) == (module, name)
+                and (dataclasses.is_dataclass(found) or dict in found.__mro__)
             ):
                 return found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a loader state")

@@ -11,12 +11,13 @@ error, never a hub id.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from config.hf import read_json
 from config.schema import data_kind
+from data.template_limit import bounded
 
 if TYPE_CHECKING:
     from config.schema import TrainingConfig
@@ -135,12 +136,15 @@ class LocalTokenizer:
         return self._backend if self._is_transformers else None
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
+        """transformers' rendering, within data/template_limit.py's bound on the template's
+        loops (TemplateTooLong, naming this tokenizer, past it)."""
         if not self._is_transformers:
             raise NotImplementedError(
                 f"{self.path}: chat templates need an HF tokenizer folder and the transformers "
                 "package; a bare tokenizer.json carries no template"
             )
-        return self._backend.apply_chat_template(conversation, **kwargs)
+        with bounded(self.path):
+            return self._backend.apply_chat_template(conversation, **kwargs)
 
 
 def load_tokenizer(path: str | Path, *, eod_token: str | None = None) -> LocalTokenizer:
@@ -186,7 +190,7 @@ def tokenizer_size(path: str | Path) -> int | None:
     config = p / "tokenizer_config.json"
     if p.is_dir() and config.is_file():  # transformers adds these tokens on top of the file's
         try:
-            added = json.loads(config.read_text()).get("added_tokens_decoder") or {}
+            added = read_json(config).get("added_tokens_decoder") or {}
             size = max([size, *(int(i) + 1 for i in added)])
         except (ValueError, AttributeError):
             pass
@@ -240,7 +244,7 @@ def _folder_special_tokens(folder: Path) -> dict[str, str]:
     for fname in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
         f = folder / fname
         if f.is_file():
-            data = json.loads(f.read_text())
+            data = read_json(f)
             for key in ("eos_token", "bos_token", "pad_token"):
                 name = _token_name(data.get(key))
                 if name:

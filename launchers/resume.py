@@ -19,6 +19,7 @@ the engine prints every field that differs from the checkpoint's config when it 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,27 @@ FIXED = {
 
 
 def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest complete checkpoint the run would resume from, and its train_state.json."""
+    """The newest complete checkpoint the run would resume from, and its train_state.json: one
+    whose train_state.json cannot be read is passed over, as the ranks' resume passes it over
+    (each named on stderr); ConfigError when every one is so."""
     folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
-    path = dirs.latest_checkpoint(folder) if folder.is_dir() else None
-    if path is None or not dirs.is_complete(path):
+    if not folder.is_dir():
         return None
-    return path, dirs.read_state(path)
+    found, passed = dirs.resume_state(folder)
+    if found is None and passed:
+        raise ConfigError(
+            [
+                (
+                    "checkpoint.save_dir",
+                    f"no checkpoint in {folder} can be resumed from ({'; '.join(passed)}). "
+                    "Restore them from a copy, or move them away to start afresh",
+                )
+            ]
+        )
+    if found is not None:
+        for problem in passed:
+            print(f"checkpoint: {problem}: the run resumes from {found[0]}", file=sys.stderr)
+    return found
 
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:

@@ -4,13 +4,13 @@ that evaluation reads, images."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from config.blend import split_weights
 from config.finalize import Partial
 from config.hardware import Cluster
+from config.hf import read_json
 from config.problems import Problem
 from config.registry import DATA_KINDS
 from config.schema import TrainingConfig, data_kind, model_arch
@@ -122,7 +122,7 @@ def has_chat_template(folder: Path) -> bool:
     if (folder / "chat_template.jinja").is_file():
         return True
     try:
-        template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+        template = read_json(folder / "tokenizer_config.json").get("chat_template")
     except (OSError, ValueError, AttributeError):
         return False
     if isinstance(template, list):

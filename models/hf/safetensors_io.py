@@ -14,6 +14,7 @@ model.safetensors.index.json, or one model.safetensors) and read back with the l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from pathlib import Path
@@ -179,6 +180,9 @@ class ShardWriter:
             (self.folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
     def abort(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Close the file a failure left open. Closing flushes it, which fails again on a full
+        disk: that error is the failure's own, already on its way."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()

@@ -32,6 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from config.hf import parse_json
+
 # train_state.json's dist_optimizer_sharding of a Megatron-FSDP checkpoint (Megatron-Core's name).
 from config.layout import FSDP_SHARDING as FSDP_SHARDING
 
@@ -128,7 +130,33 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    """A checkpoint's train_state.json; ValueError, naming the file, when it is empty, not JSON
+    or not a JSON object (damage that a checkpoint is passed over for, as any other)."""
+    path = folder / STATE_FILE
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err})") from None
+    if not data:
+        raise ValueError(f"{path} is empty (0 bytes)")
+    state = parse_json(data, path)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is a JSON {type(state).__name__}, not an object")
+    return state
+
+
+def resume_state(save_dir: Path) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
+    """The checkpoint a resume starts from, by its train_state.json, and why each newer one was
+    passed over: `resume_candidates` in order, skipping those whose train_state.json `read_state`
+    refuses, as the ranks' resume does (which also checks every file against the manifest)."""
+    candidates, _ = resume_candidates(save_dir)
+    passed: list[str] = []
+    for path in candidates:
+        try:
+            return (path, read_state(path)), passed
+        except ValueError as err:
+            passed.append(str(err))
+    return None, passed
 
 
 def checkpoint_files(folder: Path) -> list[str]:
@@ -239,6 +267,54 @@ def clean_stale(save_dir: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return stale
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+# How writers that are not Python's own say the disk is full: torch's zip writer (torch.save) makes
+# a short write and reports where it stopped ("unexpected pos 704 vs 598") or that the write failed;
+# others (safetensors' Rust, C++ libraries) carry the system's own words in their message.
+FULL_MESSAGES = ("unexpected pos", "file write failed", *map(os.strerror, FULL))
+
+
+def disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether a full disk (or quota) is behind a failed write: an OSError with ENOSPC or EDQUOT,
+    or a message of FULL_MESSAGES, in the error's chain (causes, contexts, and the per-rank
+    failures that torch's checkpoint errors carry); else, since Megatron-Core's writer re-raises
+    its workers' errors as bare class names, by writing 1 MiB into `folder` now."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in FULL:
+            return True
+        if any(words in str(error) for words in FULL_MESSAGES):
+            return True
+        failures = getattr(error, "failures", None)  # torch's CheckpointException
+        if isinstance(failures, dict):
+            todo += [f[0] for f in failures.values() if isinstance(f, tuple) and f]
+        todo += [e for e in (error.__cause__, error.__context__) if e is not None]
+    probe = folder / f".space-probe.{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 2**20)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as probe_err:
+        return probe_err.errno in FULL
+    finally:
+        probe.unlink(missing_ok=True)
+    return False
+
+
+def free_space(folder: Path) -> str:
+    """`folder`'s free space, for a message ("1.25 GiB free")."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**30:.2f} GiB free"
+    except OSError:
+        return "free space unknown"
 
 
 LOCK_FILE = ".run.lock"

@@ -265,27 +265,52 @@ def sync_params_for_save(model: list[Any]) -> None:
             chunk.enable_forward_pre_hook()
 
 
-# What torch's distributed checkpoint writes into `.metadata`: its own dataclasses and enums, torch
-# dtypes and sizes. Unpickling anything else could run code (pickle calls what the file names).
-_METADATA_MODULES = {
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.planner",
-    "torch.distributed.checkpoint.filesystem",
+# What torch's distributed checkpoint writes into `.metadata`, as exact (module, name) pairs: its
+# own dataclasses and enums, torch.Size, the layout helper and the dtypes. Unpickling anything else
+# could run code (pickle calls what the file names), and a dotted name would walk attributes from an
+# allowed module to anywhere (`torch.ctypes.util.subprocess.Popen`): only these pairs resolve.
+_DCP = "torch.distributed.checkpoint."
+_METADATA_GLOBALS = {
+    *(
+        (_DCP + "metadata", name)
+        for name in (
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    *(
+        (_DCP + "planner", name)
+        for name in (
+            "BytesIOWriteData",
+            "LoadItemType",
+            "LoadPlan",
+            "ReadItem",
+            "SavePlan",
+            "TensorWriteData",
+            "WriteItem",
+            "WriteItemType",
+        )
+    ),
+    *((_DCP + "filesystem", name) for name in ("_StorageInfo", "_StoragePrefix")),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    # torch's own DCP writer (Megatron-FSDP checkpoints) records the folder it wrote, as a path.
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    *(("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)),
 }
-_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout")}
-# torch's own DCP writer (Megatron-FSDP checkpoints) records the folder it wrote, as a path.
-_PATHS = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        of_torch = module == "torch" or module.startswith("torch.")
-        if (module, name) in _PATHS:
+        if (module, name) in _METADATA_GLOBALS:  # no name in it has a dot: one lookup, no walk
             return super().find_class(module, name)
-        found = super().find_class(module, name) if of_torch else None
-        plain_class = isinstance(found, type) and module in _METADATA_MODULES
-        if plain_class or (module, name) in _METADATA_GLOBALS or isinstance(found, torch.dtype):
-            return found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 

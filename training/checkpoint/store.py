@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -211,6 +210,10 @@ class Checkpointer:
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             return problems[0] + more
+        try:  # a manifest written over an empty or cut train_state.json agrees with it
+            dirs.read_state(path)
+        except ValueError as err:
+            return str(err)
         return None
 
     @staticmethod
@@ -306,16 +309,13 @@ class Checkpointer:
         try:
             self._save(step)
         except FAILURES as err:
-            if not _disk_full(err, self.save_dir):
+            if not dirs.disk_full(err, self.save_dir):
                 raise
             raise OSError(errno.ENOSPC, self._disk_full_message(step)) from err
         self.last_saved_step = step
 
     def _disk_full_message(self, step: int) -> str:
-        try:
-            free = f"{shutil.disk_usage(self.save_dir).free / 2**30:.2f} GiB free"
-        except OSError:
-            free = "free space unknown"
+        free = dirs.free_space(self.save_dir)
         latest = dirs.latest_checkpoint(self.save_dir)
         kept = f"the newest complete checkpoint is still {latest}" if latest else "none is complete"
         return (
@@ -396,9 +396,6 @@ class Checkpointer:
         return FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
 
 
-FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
 def _holder(cfg: TrainingConfig, run_dir: Path) -> dict[str, Any]:
     """What the lock file says of this run, for the message another run gets."""
     import socket
@@ -410,28 +407,6 @@ def _holder(cfg: TrainingConfig, run_dir: Path) -> dict[str, Any]:
         "run_dir": str(Path(run_dir).resolve()),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def _disk_full(err: BaseException, folder: Path) -> bool:
-    """Whether a full disk (or quota) is behind a failed save: in the error's chain, or, since
-    Megatron-Core's writer re-raises its workers' errors as bare class names, by writing 1 MiB
-    into `folder` now."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in FULL:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    probe = folder / f".space-probe.{os.getpid()}"
-    try:
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 2**20)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as probe_err:
-        return probe_err.errno in FULL
-    finally:
-        probe.unlink(missing_ok=True)
-    return False
 
 
 def _async_strategy() -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -46,10 +45,11 @@ from training.hf.convert import (
     EXTRA,
     LAYER_KEY,
     ConvertError,
-    finish,
-    fresh_output,
+    copy_foreign,
+    foreign_file,
     per_layer_key,
     progress,
+    writing,
 )
 
 TOKENIZER_FILES = (
@@ -335,6 +335,8 @@ def _export(
         produced = {n for node in weights.values() for n in hf_names(node)}
         extra_names = sorted(set(origin.tensors) - produced)
         plan += [(n, origin.dtype(n), origin.shape(n)) for n in extra_names]
+        for file in sorted({origin.tensors[n][0] for n in extra_names}):
+            foreign_file(origin.folder, file)  # their tensors are copied out as they are
     plan += [(k[len(EXTRA) :], stored[k].properties.dtype, tuple(stored[k].size)) for k in extras]
 
     # One read per layer: the map's entries grouped by the layer they belong to.
@@ -343,41 +345,38 @@ def _export(
         match = LAYER_KEY.fullmatch(key)
         by_layer.setdefault((match[1], int(match[2])) if match else key, []).append(key)
 
-    tmp = fresh_output(out)
-    writer = ShardWriter(tmp, plan, max_shard_bytes)
-    order = writer.order  # the plan's: map entries as the layers come, then the extras
     report = progress(f"export {path.name}", len(plan))
-    done = 0
-    try:
-        assembler = Assembler()
-        for group in by_layer.values():
-            loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored, sources)
-            for key in group:
-                for hf_name, start, rows in split(weights[key], loaded.pop(key)):
-                    # A view: the loaded tensor lives until its last piece is written.
-                    assembler.add(hf_name, start, rows)
-            while done < len(order) and order[done] in assembler.names():
-                writer.write(order[done], assembler.take(order[done]))
+    with writing(out) as tmp:
+        writer = ShardWriter(tmp, plan, max_shard_bytes)
+        order = writer.order  # the plan's: map entries as the layers come, then the extras
+        done = 0
+        try:
+            assembler = Assembler()
+            for group in by_layer.values():
+                loaded = _load_boxes(reader, [(k, *located[k]) for k in group], stored, sources)
+                for key in group:
+                    for hf_name, start, rows in split(weights[key], loaded.pop(key)):
+                        # A view: the loaded tensor lives until its last piece is written.
+                        assembler.add(hf_name, start, rows)
+                while done < len(order) and order[done] in assembler.names():
+                    writer.write(order[done], assembler.take(order[done]))
+                    done += 1
+                    report(done)
+            if origin is not None:  # extra_names are the origin's
+                for n in extra_names:
+                    writer.write(n, origin.read(n))
+                    done += 1
+                    report(done)
+            for k in extras:
+                loaded = _load_boxes(reader, [(k, k, None)], stored)
+                writer.write(k[len(EXTRA) :], loaded[k])
                 done += 1
                 report(done)
-        if origin is not None:  # extra_names are the origin's
-            for n in extra_names:
-                writer.write(n, origin.read(n))
-                done += 1
-                report(done)
-        for k in extras:
-            loaded = _load_boxes(reader, [(k, k, None)], stored)
-            writer.write(k[len(EXTRA) :], loaded[k])
-            done += 1
-            report(done)
-        writer.close()
+            writer.close()
+        finally:
+            writer.abort()  # the file a failure left open; nothing once every file is written
         _write_config(tmp, model, module, origin.folder if origin else None, plan)
         _copy_tokenizer(tmp, state, origin.folder if origin else None)
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finish(tmp, out)
 
 
 def _write_config(
@@ -385,16 +384,17 @@ def _write_config(
 ) -> None:
     dtypes = {d for _, d, _ in plan}
     dtype = str(next(iter(dtypes))).removeprefix("torch.") if len(dtypes) == 1 else None
+    if origin is not None:
+        foreign_file(origin, CONFIG_FILE)  # its fields are written out: the same check as a copy
     config = read_config(origin) if origin is not None else module.to_hf(model)
     if dtype is not None:
         config["torch_dtype"] = dtype
         config.pop("dtype", None)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    if origin is not None and (origin / "generation_config.json").is_file():
-        shutil.copyfile(origin / "generation_config.json", folder / "generation_config.json")
-    else:
+    name = "generation_config.json"
+    if origin is None or not copy_foreign(origin, name, folder / name):
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
-        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        (folder / name).write_text(json.dumps(generation, indent=2) + "\n")
 
 
 def _tokenizer_json(path: Path) -> Path:
@@ -409,7 +409,7 @@ def _copy_tokenizer(folder: Path, state: dict[str, Any], origin: Path | None) ->
     if tokenizer is not None and tokenizer.exists():
         sources.append(tokenizer if tokenizer.is_dir() else tokenizer.parent)
         if tokenizer.is_file():
-            shutil.copyfile(tokenizer, folder / "tokenizer.json")
+            copy_foreign(tokenizer.parent, tokenizer.name, folder / "tokenizer.json")
     if origin is not None:
         theirs = origin / "tokenizer.json"
         ours = _tokenizer_json(tokenizer) if tokenizer is not None else None
@@ -420,5 +420,4 @@ def _copy_tokenizer(folder: Path, state: dict[str, Any], origin: Path | None) ->
             sources.append(origin)
     for source in sources:
         for name in TOKENIZER_FILES:
-            if (source / name).is_file() and not (folder / name).exists():
-                shutil.copyfile(source / name, folder / name)
+            copy_foreign(source, name, folder / name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,10 +33,9 @@ from training.checkpoint.state import FORMAT_VERSION
 from training.hf.convert import (
     EXTRA,
     ConvertError,
-    finish,
-    fresh_output,
     per_layer_key,
     progress,
+    writing,
 )
 
 
@@ -82,44 +80,40 @@ def import_hf(folder: Path, out: Path) -> Path:
         entries = _import_entries(model, weights, source)
     except (KeyError, ValueError) as err:
         raise ConvertError(str(err)) from None
-    tmp_root = fresh_output(out)
-    iter_dir = tmp_root / dirs.iter_name(0)
-    iter_dir.mkdir()
     done_rank = _one_rank()
     try:
-        _write_dcp(iter_dir, entries, source)
-        (iter_dir / "metadata.json").write_text(
-            json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}) + "\n"
-        )
-        torch.save({}, iter_dir / "common.pt")
-        dirs.write_state(
-            iter_dir,
-            {
-                "format_version": FORMAT_VERSION,
-                "step": 0,
-                "consumed_samples": 0,
-                "scheduler": {},
-                "config_name": f"import of {folder.name}",
-                "config_hash": "",
-                "layout": {},
-                "world_size": 1,
-                "dist_optimizer_sharding": "dp_reshardable",
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": to_dict(model),
-                "hf_origin": str(folder.resolve()),
-                "imported": True,
-            },
-        )
-        names = dirs.checkpoint_files(iter_dir)
-        dirs.write_manifest(iter_dir, dirs.file_digests(iter_dir, names))
-        dirs.atomic_write_text(tmp_root / "latest", dirs.iter_name(0) + "\n")
-    except BaseException:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-        raise
+        with writing(out) as tmp_root:
+            iter_dir = tmp_root / dirs.iter_name(0)
+            iter_dir.mkdir()
+            _write_dcp(iter_dir, entries, source)
+            (iter_dir / "metadata.json").write_text(
+                json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}) + "\n"
+            )
+            torch.save({}, iter_dir / "common.pt")
+            dirs.write_state(
+                iter_dir,
+                {
+                    "format_version": FORMAT_VERSION,
+                    "step": 0,
+                    "consumed_samples": 0,
+                    "scheduler": {},
+                    "config_name": f"import of {folder.name}",
+                    "config_hash": "",
+                    "layout": {},
+                    "world_size": 1,
+                    "dist_optimizer_sharding": "dp_reshardable",
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "model": to_dict(model),
+                    "hf_origin": str(folder.resolve()),
+                    "imported": True,
+                },
+            )
+            names = dirs.checkpoint_files(iter_dir)
+            dirs.write_manifest(iter_dir, dirs.file_digests(iter_dir, names))
+            dirs.atomic_write_text(tmp_root / "latest", dirs.iter_name(0) + "\n")
     finally:
         done_rank()
         source.close()
-    finish(tmp_root, out)
     return out
 
 

@@ -19,9 +19,8 @@ rows of B. The update is the same matrix: (alpha / rank) B A, row block by row b
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -33,7 +32,7 @@ from models.hf import module_of
 from models.hf.mapping import Assembler, split
 from training.checkpoint import dirs
 from training.checkpoint.state import safe_loading
-from training.hf.convert import ConvertError, finish, fresh_output
+from training.hf.convert import ConvertError, copy_foreign, foreign_file, writing
 from training.hf.exporter import (
     _CachedReader,
     _checkpoint_keys,
@@ -81,16 +80,11 @@ def export_lora(checkpoint: Path, out: Path, *, adapter: bool, family_name: str 
     module = module_of(_family_for(model, origin, family_name))
     with safe_loading(path):
         factors = adapter_factors(path, model, module, origin)
-    tmp = fresh_output(out)
-    try:
+    with writing(out) as tmp:
         if origin is not None and not adapter:  # a merged model needs its origin (refused above)
             _write_merged(tmp, factors, peft, origin, state)
         else:
             _write_adapter(tmp, factors, peft, origin)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finish(tmp, out)
     return out
 
 
@@ -170,7 +164,8 @@ def _write_merged(
     left = {f"{name}.weight" for name in factors}
     for shard in shards:
         tensors: dict[str, torch.Tensor] = {}
-        with safe_open(str(shard), framework="pt") as f:
+        source = cast(Path, foreign_file(origin, shard.name))  # its tensors are copied out
+        with safe_open(str(source), framework="pt") as f:
             metadata = f.metadata()
             for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 weight = f.get_tensor(name)
@@ -185,6 +180,5 @@ def _write_merged(
     if left:
         raise ConvertError(f"{origin} has no tensor {sorted(left)[0]} for its adapter")
     for name in (CONFIG_FILE, "generation_config.json", "model.safetensors.index.json"):
-        if (origin / name).is_file():  # config.json always: `origin` is a Hugging Face folder
-            shutil.copyfile(origin / name, tmp / name)
+        copy_foreign(origin, name, tmp / name)  # config.json always: a Hugging Face folder
     _copy_tokenizer(tmp, state, origin)

@@ -72,6 +72,10 @@ def recipes(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+# JSON nested deeper than Python's reader follows (it raises RecursionError, not a ValueError).
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
 # --- checkpoint.pretrained_dir against the model section ---------------------------------------
 def test_a_matching_folder_is_accepted(tmp_path: Path) -> None:
     folder = llama_folder(tmp_path / "Meta-Llama-3-8B")
@@ -125,8 +129,27 @@ def test_booleans_are_written_as_overrides(tmp_path: Path) -> None:
             ),
             "has no field",
         ),
+        (lambda f: (f / "config.json").write_text(DEEP), "config.json is not JSON"),
+        (
+            lambda f: (f / "model.safetensors").write_bytes(
+                len(DEEP).to_bytes(8, "little") + DEEP.encode()
+            ),
+            "model.safetensors is not a safetensors file",
+        ),
+        (
+            lambda f: (f / "model.safetensors.index.json").write_text(DEEP),
+            "model.safetensors.index.json is not a safetensors index",
+        ),
     ],
-    ids=["not-json", "unknown-architecture", "bad-safetensors", "missing-field"],
+    ids=[
+        "not-json",
+        "unknown-architecture",
+        "bad-safetensors",
+        "missing-field",
+        "nested-config",
+        "nested-header",
+        "nested-index",
+    ],
 )
 def test_an_unreadable_folder_is_a_problem_of_pretrained_dir(
     tmp_path: Path, write: Any, expected: str
@@ -275,6 +298,17 @@ def test_cli_check_with_model_override_passes(tmp_path: Path) -> None:
         "check", "llama3_8b_sft", f"model={folder}", f"checkpoint.pretrained_dir={folder}"
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cli_check_names_a_config_json_nested_too_deep(tmp_path: Path) -> None:
+    folder = llama_folder(tmp_path / "m")
+    (folder / "config.json").write_text(DEEP)
+    for args in (["check", "llama3_8b_sft"], ["show", "llama3_8b_sft", f"model={folder}"]):
+        out = recipes(*args, f"checkpoint.pretrained_dir={folder}")
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"{folder / 'config.json'} is not JSON this reader takes" in out.stdout + out.stderr
+        assert "nested deeper than" in out.stdout + out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_cli_model_override_errors(tmp_path: Path) -> None:

@@ -248,6 +248,39 @@ def test_bad_lines_name_file_and_line(tmp_path: Path, line: str, words: str) -> 
     assert f"{path}:3" in str(err.value)
 
 
+# Loops nested 10^10 iterations deep: minutes of rendering without a bound. The bound counts loop
+# steps, so where it stops does not depend on the machine's speed.
+ENDLESS = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{{ messages[0]['content'] }}"
+)
+
+
+def test_a_template_that_loops_for_minutes_is_stopped_and_named(tmp_path: Path) -> None:
+    from data.template_limit import TEMPLATE_STEPS
+
+    folder = write_chat_tokenizer(
+        tmp_path / "endless",
+        TEXTS,
+        template=ENDLESS,
+        special_tokens=CHATML_TOKENS,
+        eos_token="<|im_end|>",
+        vocab_size=300,
+    )
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    with pytest.raises(ChatDataError) as err:
+        dataset(path, folder, seq=64)
+    text = str(err.value)
+    assert text.startswith(f"{path}:1: data.tokenizer={str(folder)!r}: its chat template")
+    assert f"more than {TEMPLATE_STEPS:,} loop steps" in text and "chat_template" in text
+    with pytest.raises(ChatDataError, match="loop steps"):  # every rendering is bounded
+        load_tokenizer(folder).apply_chat_template(CHAT, tokenize=False)
+    # A template of real ones renders as before, again and again, well within the bound.
+    normal = load_tokenizer(write_chat_tokenizer(tmp_path / "chatml", TEXTS, vocab_size=300))
+    long_chat = [SYSTEM, *CHAT[1:] * 1000]
+    assert normal.apply_chat_template(long_chat, tokenize=False).count("<|im_start|>") == 4001
+
+
 def test_trailing_messages_are_dropped_and_exchanges_split(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", [{"messages": [*CHAT, CHAT[1]]}])
     [(line, messages)] = list(read_conversations(path))

@@ -234,6 +234,26 @@ def test_a_crafted_energon_loader_state_runs_no_code(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch.distributed.checkpoint.metadata.Metadata",  # a dataclass reached by a walk
+        "FlexState",  # one of Energon's own, imported there: a genuine state names its home
+    ],
+)
+def test_an_energon_loader_state_names_each_class_exactly(name: str) -> None:
+    """A protocol-4 name with dots walks attributes from the module on; only a class under its
+    own module and name is taken."""
+    import torch.distributed.checkpoint.metadata  # noqa: F401  (the walk's end, as on a rank)
+
+    from data.energon import load_loader_state
+    from tests.unit.training.test_checkpoint_integrity import calling
+
+    module = "megatron.energon.savable_loader"
+    with pytest.raises(ValueError, match=f"refusing to load {module}.{name}"):
+        load_loader_state(calling(module, name))
+
+
 SAVE_A_LOADER_STATE = """
 import pickle, sys
 from pathlib import Path

@@ -201,6 +201,24 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     assert f"has {size + 10} ids" in message
 
 
+def test_a_tokenizer_config_nested_too_deep_stops_neither_check(tmp_path: Path) -> None:
+    """tokenizer_config.json nested deeper than Python's JSON reader follows: the launcher counts
+    tokenizer.json's ids alone and the checker finds no chat template there, no RecursionError."""
+    from config.rules.data import has_chat_template
+    from data.tokenizer import tokenizer_size
+    from data.tools.make_tokenizer import train_bpe_tokenizer
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    tok = train_bpe_tokenizer(texts=["words"] * 5, vocab_size=300, out=folder / "tokenizer.json")
+    size = tokenizer_size(tok)
+    (folder / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert tokenizer_size(folder) == size and not has_chat_template(folder)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
+    sft = ("data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={folder}")
+    assert problems(cfg_with(*sft, f"model.vocab_size={size}"), LOCAL, tmp_path) == []
+
+
 def test_the_launcher_and_the_ranks_refuse_a_large_tokenizer_with_one_message(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.support import children
+from tests.support.full_disk import FULL_DISK
 from tests.unit.training.test_engine import one_rank, tiny, trainer_for  # noqa: F401 (a fixture)
 from training.checkpoint import dirs
 
@@ -94,6 +95,13 @@ def empty_the_train_state(folder: Path) -> str:
     return f"{dirs.STATE_FILE} has 0 bytes"
 
 
+def empty_the_train_state_and_its_manifest_entry(folder: Path) -> str:
+    """A 0-byte train_state.json that the manifest agrees with: its hashes cannot tell."""
+    (folder / dirs.STATE_FILE).write_bytes(b"")
+    rewrite_manifest(folder)
+    return f"{dirs.STATE_FILE} is empty"
+
+
 def truncate_the_rng_file(folder: Path) -> str:
     rng = folder / "rng" / "rank_00000.pt"
     rng.write_bytes(rng.read_bytes()[:50])
@@ -112,6 +120,7 @@ DAMAGE: dict[str, Callable[[Path], str]] = {
         truncate_a_shard,
         remove_the_metadata,
         empty_the_train_state,
+        empty_the_train_state_and_its_manifest_entry,
         truncate_the_rng_file,
         remove_the_manifest,
     )
@@ -166,28 +175,93 @@ def rewrite_manifest(folder: Path) -> None:
     dirs.write_manifest(folder, dirs.file_digests(folder, dirs.checkpoint_files(folder)))
 
 
-def craft_rng(folder: Path, marker: Path) -> None:
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return pickle.SHORT_BINUNICODE + bytes([len(data)]) + data
+
+
+def calling(module: str, name: str, *args: str | list[str]) -> bytes:
+    """A protocol-4 pickle that calls module's `name` with `args`, written opcode by opcode:
+    STACK_GLOBAL resolves a dotted name attribute by attribute, from the module on."""
+    out = pickle.PROTO + b"\x04" + _text(module) + _text(name) + pickle.STACK_GLOBAL + pickle.MARK
+    for arg in args:
+        if isinstance(arg, list):
+            out += pickle.EMPTY_LIST + pickle.MARK + b"".join(map(_text, arg)) + pickle.APPENDS
+        else:
+            out += _text(arg)
+    return out + pickle.TUPLE + pickle.REDUCE + pickle.STOP
+
+
+def in_a_torch_file(path: Path, pickled: bytes) -> None:
+    """`pickled` as the object of the torch.save file at `path` (its zip's data.pkl)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as old:
+        entries = {info.filename: old.read(info) for info in old.infolist()}
+    (record,) = [name for name in entries if name.endswith("/data.pkl")]
+    entries[record] = pickled
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as new:
+        for name, data in entries.items():
+            new.writestr(name, data)
+
+
+def craft_rng(folder: Path, marker: Path) -> str:
     torch.save({"python": Payload(marker)}, folder / "rng" / "rank_00000.pt")
+    return "system"
 
 
-def craft_metadata(folder: Path, marker: Path) -> None:
+def craft_metadata(folder: Path, marker: Path) -> str:
     (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    return "refusing to load posix.system"
 
 
-def craft_data_position(folder: Path, marker: Path) -> None:
+def craft_metadata_eval(folder: Path, marker: Path) -> str:
+    code = f"__import__('os').system('touch {marker}')"
+    (folder / ".metadata").write_bytes(calling("builtins", "eval", code))
+    return "refusing to load builtins.eval"
+
+
+# The name walks from an allowed module's attributes to subprocess.Popen, a class.
+WALK = ("torch.distributed.checkpoint.metadata", "torch.ctypes.util.subprocess.Popen")
+
+
+def craft_metadata_attribute_walk(folder: Path, marker: Path) -> str:
+    import ctypes.util  # noqa: F401  (imports subprocess: the walk's last steps)
+
+    (folder / ".metadata").write_bytes(calling(*WALK, ["touch", str(marker)]))
+    return f"refusing to load {'.'.join(WALK)}"
+
+
+def craft_rng_attribute_walk(folder: Path, marker: Path) -> str:
+    in_a_torch_file(folder / "rng" / "rank_00000.pt", calling(*WALK, ["touch", str(marker)]))
+    return "Unsupported operand"  # torch's weights-only reader has no STACK_GLOBAL at all
+
+
+def craft_data_position(folder: Path, marker: Path) -> str:
     torch.save({"consumed_samples": Payload(marker)}, folder / "data" / "rank_00000.pt")
+    return "system"
 
 
-@pytest.mark.parametrize("craft", [craft_rng, craft_metadata, craft_data_position])
+CRAFTS = [
+    craft_rng,
+    craft_rng_attribute_walk,
+    craft_metadata,
+    craft_metadata_eval,
+    craft_metadata_attribute_walk,
+    craft_data_position,
+]
+
+
+@pytest.mark.parametrize("craft", CRAFTS)
 def test_a_crafted_checkpoint_runs_no_code(
-    saved: Path, tmp_path: Path, craft: Callable[[Path, Path], None]
+    saved: Path, tmp_path: Path, craft: Callable[[Path, Path], str]
 ) -> None:
     """checkpoint.load_dir pointed at someone else's folder: its files are refused, not run."""
     load_dir = tmp_path / "theirs"
     shutil.copytree(saved, load_dir)
     marker = tmp_path / "pwned"
     for folder in dirs.complete_checkpoints(load_dir):
-        craft(folder, marker)
+        refused = craft(folder, marker)
         rewrite_manifest(folder)
     from training.checkpoint.store import Checkpointer
 
@@ -208,7 +282,27 @@ def test_a_crafted_checkpoint_runs_no_code(
     finally:
         trainer.close()
     assert not marker.exists(), "loading the checkpoint ran a command"
-    assert "system" in str(err.value)  # the refused global is named
+    assert refused in str(err.value)  # the refused global is named
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        WALK,
+        ("torch.distributed.checkpoint.metadata", "torch"),  # a module, not a class
+        ("torch.distributed.checkpoint.metadata", "Enum"),  # a class it imports, not its own
+        ("torch.distributed.checkpoint.metadata", "Metadata.__class__"),  # a walk to `type`
+        ("torch", "load"),
+    ],
+)
+def test_the_metadata_allowlist_takes_exact_names_only(
+    tmp_path: Path, module: str, name: str
+) -> None:
+    from training.checkpoint.state import check_metadata
+
+    (tmp_path / ".metadata").write_bytes(calling(module, name))
+    with pytest.raises(ValueError, match=f"refusing to load {module}.{name}"):
+        check_metadata(tmp_path)
 
 
 def test_the_resume_is_recorded_in_the_metrics(saved: Path, tmp_path: Path) -> None:
@@ -251,6 +345,37 @@ def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
     tmp_path: Path,
 ) -> None:
     save_dir = small_disk / "ckpt"
+    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
+    try:
+        with pytest.raises(OSError) as err:
+            trainer.train([ckpt])
+    finally:
+        trainer.close()
+    text = str(err.value)
+    assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
+    assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
+    assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+
+
+@pytest.mark.parametrize("error", ["oserror", "torch"])
+def test_a_full_disk_as_the_writers_report_it_is_named_and_the_last_checkpoint_stays(
+    one_rank: None,  # noqa: F811
+    tmp_path: Path,
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk fills up while step 4 is saved: an OSError, or the RuntimeError torch.save raises
+    for its short write. The same answer as `recipes import` and `export` give for the same
+    errors (training/checkpoint/dirs.py `disk_full`; tests/unit/training/test_hf_convert.py)."""
+    real = torch.save
+
+    def save(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        if "iter_0000004" in str(path):
+            raise FULL_DISK[error]()
+        real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    save_dir = tmp_path / "ckpt"
     trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
     try:
         with pytest.raises(OSError) as err:

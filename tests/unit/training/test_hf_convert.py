@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from recipes.cli import main
+from tests.support.full_disk import FULL_DISK, fills_up
 from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
 from tests.unit.models.test_hf_llama import tiny_llama
 from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
@@ -139,3 +140,103 @@ def test_the_tokenizer_files_travel_with_the_weights(tmp_path: Path) -> None:
     text = "the lazy fox"
     ids = auto.from_pretrained(tmp_path / "back")(text)["input_ids"]
     assert ids == auto.from_pretrained(tmp_path / "hf")(text)["input_ids"] and ids
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "generation_config.json", "config.json"])
+def test_export_copies_no_file_that_a_link_brings_in_from_elsewhere(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder's file that is a symbolic link to a private file: the export refuses, naming it,
+    and writes nothing (it would have copied the private file's content)."""
+    tiny_llama(tmp_path / "hf")
+    secret = tmp_path / "private" / "secret.json"
+    secret.parent.mkdir()
+    secret.write_text(json.dumps({"token": "hf_SECRET", **hf_json(tmp_path / "hf" / name)}))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    link = tmp_path / "hf" / name
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret)
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert f"{link} is a symbolic link to {secret}, outside {tmp_path / 'hf'}" in err
+    assert not (tmp_path / "back").exists() and not list(tmp_path.glob(".back*"))
+
+
+def hf_json(path: Path) -> dict:
+    """The JSON of a file, or nothing: the secret stands in for a file the export reads as JSON."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def test_a_link_inside_the_folder_and_the_hub_caches_blobs_are_copied(tmp_path: Path) -> None:
+    from training.hf.convert import ConvertError, foreign_file
+
+    folder = tmp_path / "models--org--m" / "snapshots" / "abc123"
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "vocab.json").symlink_to("tokenizer.json")  # within the folder
+    blob = tmp_path / "models--org--m" / "blobs" / "5f3a"
+    blob.parent.mkdir()
+    blob.write_text("{}")
+    (folder / "merges.txt").symlink_to("../../blobs/5f3a")  # as huggingface_hub lays a cache out
+    assert foreign_file(folder, "tokenizer.json") == folder / "tokenizer.json"
+    assert foreign_file(folder, "vocab.json") == folder / "tokenizer.json"
+    assert foreign_file(folder, "merges.txt") == blob
+    assert foreign_file(folder, "missing.json") is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "5f3b").write_text("secret")
+    (folder / "special_tokens_map.json").symlink_to("../../blobs/../../elsewhere/5f3b")
+    (folder / "added_tokens.json").symlink_to(tmp_path / "nowhere")
+    (folder / "chat_template.jinja").mkdir()
+    for name in ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja"):
+        with pytest.raises(ConvertError, match=str(folder / name)):
+            foreign_file(folder, name)
+    # A blobs folder that is itself a link leads elsewhere too.
+    other = tmp_path / "models--org--n"
+    (other / "snapshots" / "def").mkdir(parents=True)
+    (other / "blobs").symlink_to(elsewhere)
+    (other / "snapshots" / "def" / "tokenizer.json").symlink_to("../../blobs/5f3b")
+    with pytest.raises(ConvertError, match="outside"):
+        foreign_file(other / "snapshots" / "def", "tokenizer.json")
+
+
+def test_every_copy_of_a_foreign_file_goes_through_one_check() -> None:
+    """training/hf copies files only through convert.copy_foreign (which asks foreign_file)."""
+    import re
+
+    root = Path(__file__).resolve().parents[3] / "training" / "hf"
+    copying = re.compile(r"shutil\.copy|copyfile")
+    for module in sorted(root.glob("*.py")):
+        if module.name != "convert.py":
+            assert not copying.search(module.read_text()), module.name
+
+
+def assert_named_and_gone(out: Path, err: str) -> None:
+    assert f"No space left on device writing {out}" in err, err
+    assert "Traceback" not in err
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+
+
+@pytest.mark.parametrize("error", FULL_DISK)
+def test_a_full_disk_during_import_is_named_and_leaves_nothing(
+    tmp_path: Path, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """torch's checkpoint writer (every tensor goes through torch.save) runs out of space."""
+    tiny_llama(tmp_path / "hf")
+    monkeypatch.setattr(torch, "save", fills_up(torch.save, 3, error))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 2
+    assert_named_and_gone(tmp_path / "imported", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("error", FULL_DISK)
+def test_a_full_disk_during_export_is_named_and_leaves_nothing(
+    tmp_path: Path, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The safetensors files of the export run out of space, a few tensors in."""
+    from models.hf.safetensors_io import ShardWriter
+
+    tiny_llama(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    monkeypatch.setattr(ShardWriter, "write", fills_up(ShardWriter.write, 3, error))
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 2
+    assert_named_and_gone(tmp_path / "back", capsys.readouterr().err)

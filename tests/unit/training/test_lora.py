@@ -42,7 +42,10 @@ def lora_config(folder: Path, run_dir: Path, targets: str) -> object:
 @pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize("targets", ["linear_qkv,linear_proj,linear_fc1,linear_fc2", "linear_qkv"])
 def test_lora_trains_adapters_only_and_exports_what_peft_computes(
-    tmp_path: Path, targets: str
+    tmp_path: Path,
+    targets: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from tests.unit.models.test_hf_families import TOKENS
     from tests.unit.models.test_hf_llama import tiny_llama
@@ -93,6 +96,28 @@ def test_lora_trains_adapters_only_and_exports_what_peft_computes(
     assert (theirs - before).abs().max() > 1e-3  # the adapters moved the model
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
+
+    # The merged export copies the origin's files: one that links to a private file is refused.
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "hf_SECRET"}')
+    (tmp_path / "hf" / "generation_config.json").unlink()
+    (tmp_path / "hf" / "generation_config.json").symlink_to(secret)
+    assert main(["export", ckpt, str(tmp_path / "merged2")]) == 2
+    assert not (tmp_path / "merged2").exists()
+
+    # A full disk as safetensors reports it (its Rust writer's io error, in words).
+    from safetensors import SafetensorError
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError(
+            "Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+            'message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr("training.hf.lora_export.save_file", full)
+    assert main(["export", ckpt, str(tmp_path / "adapter2"), "--adapter"]) == 2
+    assert f"No space left on device writing {tmp_path / 'adapter2'}" in capsys.readouterr().err
+    assert not (tmp_path / "adapter2").exists()
 
 
 def test_export_of_a_full_checkpoint_refuses_adapter(tmp_path: Path, capsys) -> None:  # noqa: ANN001

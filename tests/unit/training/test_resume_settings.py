@@ -106,6 +106,25 @@ def test_another_layout_is_refused_with_a_dp_reshardable_optimizer(tmp_path: Pat
     assert "dp_reshardable" in found["parallel.tensor_model_parallel_size"]
 
 
+@pytest.mark.parametrize("damage", [b"", b'{"step": ', b"[4]"], ids=["empty", "cut", "a list"])
+def test_a_newest_train_state_that_cannot_be_read_falls_back_to_the_older_one(
+    tmp_path: Path, damage: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the ranks' resume passes over a damaged checkpoint for an older intact one, so does the
+    check before launch: the older one's step is what train.max_steps is judged against."""
+    run_dir = saved_run(tmp_path, 10, [])
+    newest = saved_run(tmp_path, 20, []) / "checkpoints" / dirs.iter_name(20)
+    (newest / dirs.STATE_FILE).write_bytes(damage)
+    assert problems(run_dir, ["train.max_steps=15"]) == {}
+    err = capsys.readouterr().err
+    assert f"{newest / dirs.STATE_FILE} is " in err and "iter_0000010" in err
+    assert "at step 10" in problems(run_dir, ["train.max_steps=10"])["train.max_steps"]
+    (run_dir / "checkpoints" / dirs.iter_name(10) / dirs.STATE_FILE).write_bytes(b"")
+    found = problems(run_dir, [])["checkpoint.save_dir"]
+    assert f"no checkpoint in {run_dir / 'checkpoints'} can be resumed from" in found
+    assert str(newest) in found and "iter_0000010" in found and "move them away" in found
+
+
 def test_another_recipe_in_the_folder_is_refused(tmp_path: Path) -> None:
     run_dir = saved_run(tmp_path, 10, [])
     _, cfg = resolve("tiny_moe_pretrain", [])
