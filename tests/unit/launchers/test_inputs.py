@@ -230,6 +230,26 @@ def test_the_launcher_and_the_ranks_refuse_a_large_tokenizer_with_one_message(
     assert datasets.value.problems == problems(mock, LOCAL, tmp_path) == before_launch
 
 
+def test_check_refuses_a_large_tokenizer_as_the_launcher_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`recipes check` reads data.tokenizer too (where the path is seen as given), and refuses it
+    with the launcher's field and message, before anything is launched."""
+    from data.tools.make_tokenizer import train_bpe_tokenizer
+    from recipes.cli import main
+
+    tok = train_bpe_tokenizer(texts=["words to merge"] * 5, vocab_size=300, out=tmp_path / "t")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
+    sft = ["data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={tok}"]
+    for vocab, valid in ((64, False), (4096, True)):
+        overrides = [*sft, f"model.vocab_size={vocab}"]
+        code = main(["check", "tiny_gpt_pretrain", *overrides, "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert (code == 0) == valid and report["valid"] == valid, report["errors"]
+        launcher = problems(cfg_with(*overrides), LOCAL, tmp_path)
+        assert [(e["field"], e["message"]) for e in report["errors"]] == launcher
+
+
 def test_the_tokenizer_check_imports_no_torch(tmp_path: Path) -> None:
     """check_inputs runs on a login node before the queue: reading the tokenizer takes no torch."""
     code = (
