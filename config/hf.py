@@ -1,7 +1,8 @@
 """Hugging Face folders on the login node: config.json and the safetensors headers, without torch.
 
 A Hugging Face model folder (config.json, model.safetensors or model-*.safetensors with their
-index, tokenizer files) is what users hold of an open model. This module reads what the checker
+index, tokenizer files) is what users hold of an open model; `tokenizer_size` reads how many ids
+its tokenizer (or a bare tokenizer.json) emits. This module reads what the checker
 needs from it in milliseconds: the architecture (`architectures[0]`, one entry of
 `config.registry.HF_FAMILIES`), the model it describes as our `ModelConfig` (the family module's
 `to_model`), and the names, dtypes and shapes of its tensors (the 8-byte length and JSON header at
@@ -311,6 +312,31 @@ def with_training_fields(theirs: ModelConfig, ours: ModelConfig) -> ModelConfig:
     return theirs
 
 
+def tokenizer_size(path: str | Path) -> int | None:
+    """How many ids the tokenizer at `path` can emit (data/tokenizer.py `LocalTokenizer.vocab_size`),
+    read from its tokenizer.json alone (the `tokenizers` package: no torch, no transformers), so
+    the checker and the launcher ask before launching. None when it cannot tell (no
+    tokenizer.json, or one that does not parse: the ranks' loader names that error)."""
+    p = Path(path).expanduser()
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        size = Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True)
+    except Exception:  # the Rust side raises a bare Exception with the parse error
+        return None
+    config = p / "tokenizer_config.json"
+    if p.is_dir() and config.is_file():  # transformers adds these tokens on top of the file's
+        try:
+            added = read_json(config).get("added_tokens_decoder") or {}
+            size = max([size, *(int(i) + 1 for i in added)])
+        except (ValueError, AttributeError):
+            pass
+    return size
+
+
 __all__ = [
     "VisionConfig",
     "differences",
@@ -323,5 +349,6 @@ __all__ = [
     "read_config",
     "read_json",
     "safetensors_tensors",
+    "tokenizer_size",
     "with_training_fields",
 ]

@@ -57,6 +57,10 @@ class ModelArch:
     forward: str  # "module:function": one microbatch through one chunk
     summary: str
     takes_images: bool = False
+    # The model pads its input sequence to what sequence and context parallelism split it into
+    # (Megatron-Core's LLaVAModel does, after expanding the image tokens), so model.seq_length
+    # need not divide by them.
+    pads_sequence: bool = False
     # "module:function" rules of the checker that hold for this architecture only (config/rules/).
     rules: tuple[str, ...] = ()
 
@@ -128,6 +132,7 @@ MODEL_ARCHS: dict[str, ModelArch] = _by_name(
         forward="models.llava:forward",
         summary="a ViT and an MLP projector in front of the GPT",
         takes_images=True,
+        pads_sequence=True,
         rules=("config.rules.vision:multimodal",),
     ),
 )

@@ -172,31 +172,6 @@ def load_tokenizer(path: str | Path, *, eod_token: str | None = None) -> LocalTo
     return _load_tokenizers_json(p, str(p), {}, eod_token)
 
 
-def tokenizer_size(path: str | Path) -> int | None:
-    """How many ids the tokenizer at `path` can emit (`LocalTokenizer.vocab_size`), read from its
-    tokenizer.json alone: no torch, no transformers, so the launcher can ask before launching.
-    None when it cannot tell (no tokenizer.json, or one that does not parse: the ranks' loader
-    names that error)."""
-    p = Path(path).expanduser()
-    file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        size = Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True)
-    except Exception:  # the Rust side raises a bare Exception with the parse error
-        return None
-    config = p / "tokenizer_config.json"
-    if p.is_dir() and config.is_file():  # transformers adds these tokens on top of the file's
-        try:
-            added = read_json(config).get("added_tokens_decoder") or {}
-            size = max([size, *(int(i) + 1 for i in added)])
-        except (ValueError, AttributeError):
-            pass
-    return size
-
-
 def null_tokenizer(vocab_size: int) -> Any:
     """Megatron-Core's own null tokenizer for mock data: ids are the text, eod is vocab_size - 1."""
     from megatron.core.tokenizers import MegatronTokenizer

@@ -19,8 +19,9 @@ and the missing path:
   where the path is seen as given, and `check_inputs` again at the host path the mounts map it to.
 - data.tokenizer must fit the model: a tokenizer with more ids than model.vocab_size is refused
   (ids past the embedding train silently on nothing under tensor parallelism). Its size is read
-  from its tokenizer.json (data/tokenizer.py `tokenizer_size`), without torch, and judged by the
-  rule the ranks apply to the tokenizer they load (config/rules/data.py `tokenizer_fits`).
+  from its tokenizer.json (config/hf.py `tokenizer_size`), without torch, and judged by the
+  rule the ranks apply to the tokenizer they load (config/rules/data.py `tokenizer_fits`). The
+  checker asks where the path is seen as given; this check again where the ranks will see it.
 - What cannot be seen from here is left to a Slurm job: a path inside the container image (no
   mount covers it), a relative path in a container without `workdir`, or a filesystem this machine
   does not have at all (the path's first component is missing, e.g. a compute node's local /raid).
@@ -39,12 +40,12 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from config.blend import index_cache_base, parse_blend
+from config.hf import tokenizer_size
 from config.rules.data import tokenizer_fits
 from config.rules.pretrained import pretrained_problems
 from config.schema import TrainingConfig, data_kind
 from config.tree import ConfigError
 from data.records import SFTDataError, read_conversations, read_pairs
-from data.tokenizer import tokenizer_size
 from launchers.mounts import HOST_CHECKPOINT_FIELDS, parse_mounts, to_host
 from launchers.profile import Profile
 from training.inprocess import INPROCESS_FIX, INPROCESS_IMPORT

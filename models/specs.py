@@ -5,13 +5,19 @@ DotProductAttention does not take MLA's separate key/value head sizes). Without 
 we keep the local spec's linears and norms but swap its core attention for `SdpaAttention`, which
 calls torch.nn.functional.scaled_dot_product_attention: flash / memory-efficient / cuDNN kernels
 on GPUs, a fused kernel on the CPU.
+
+The local spec's RMSNorm (and its LayerNorm without apex) is Megatron-Core's torch norm, which
+refuses sequence parallelism; LoRA builds that spec on GPUs too. `SequenceParallelTorchNorm` takes
+its place: see there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +30,12 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+
+from config.backend import local_layers
 
 
 def have_transformer_engine() -> bool:
@@ -38,9 +47,55 @@ def have_transformer_engine() -> bool:
 
 
 def choose_backend(device: str, lora: bool = False) -> str:
-    """ "te" on GPUs with Transformer Engine, otherwise "sdpa" (always on the CPU, and for LoRA,
-    whose adapters wrap Megatron-Core's own linear layers: training/lora.py)."""
-    return "te" if device == "cuda" and not lora and have_transformer_engine() else "sdpa"
+    """ "te" on GPUs with Transformer Engine, otherwise "sdpa": Megatron-Core's local layers
+    wherever config/backend.py `local_layers` says so (the CPU, LoRA) and where Transformer Engine
+    does not import."""
+    return "sdpa" if local_layers(lora, device) or not have_transformer_engine() else "te"
+
+
+class SequenceParallelTorchNorm:
+    """Megatron-Core's torch norm (`WrappedTorchNorm`) that also runs under sequence parallelism.
+
+    Under SP each TP rank normalises its own shard of the sequence, so its weight gradient is a
+    partial sum over the TP group. Megatron-Core's apex and Transformer Engine norms mark their
+    parameters `sequence_parallel`, and `finalize_model_grads` sums the marked gradients over the
+    TP group; `WrappedTorchNorm` asserts SP is off instead. This builds the same torch norm and
+    marks its parameters the same way. tests/smoke/test_sp_cpu.py holds SP to TP without SP.
+    """
+
+    # A builder as Megatron-Core's own WrappedTorchNorm is: constructing it gives the torch norm.
+    def __new__(  # type: ignore[misc]
+        cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs: Any
+    ) -> torch.nn.Module:
+        if not config.sequence_parallel:
+            return cast(torch.nn.Module, WrappedTorchNorm(config, hidden_size, eps, **kwargs))
+        unsharded = copy.copy(config)
+        unsharded.sequence_parallel = False  # only WrappedTorchNorm's assertion reads it
+        norm = cast(torch.nn.Module, WrappedTorchNorm(unsharded, hidden_size, eps, **kwargs))
+        for param in norm.parameters():
+            param.sequence_parallel = True  # type: ignore[attr-defined]  # read by finalize_model_grads
+        return norm
+
+
+def _sequence_parallel_norms(spec: Any, seen: set[int] | None = None) -> None:
+    """Put `SequenceParallelTorchNorm` in place of every `WrappedTorchNorm` of a spec tree
+    (ModuleSpecs, submodule dataclasses, lists of layer specs), in place."""
+    seen = set() if seen is None else seen
+    if id(spec) in seen:
+        return
+    seen.add(id(spec))
+    if isinstance(spec, list | tuple):
+        for item in spec:
+            _sequence_parallel_norms(item, seen)
+        return
+    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        return
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if value is WrappedTorchNorm:
+            setattr(spec, field.name, SequenceParallelTorchNorm)
+        else:
+            _sequence_parallel_norms(value, seen)
 
 
 class SdpaAttention(MegatronModule):
@@ -175,6 +230,7 @@ def decoder_block_spec(
         vp_stage=vp_stage,
     )
     _swap_core_attention(config, spec.layer_specs, backend, masked)
+    _sequence_parallel_norms(spec)
     return spec
 
 
@@ -196,6 +252,8 @@ def mtp_block_spec(
         config, use_transformer_engine=backend == "te", normalization=normalization
     )[-1]
     _swap_core_attention(config, [last_layer], backend, masked)
-    return get_gpt_mtp_block_spec(
+    spec = get_gpt_mtp_block_spec(
         config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage
     )
+    _sequence_parallel_norms(spec)
+    return spec

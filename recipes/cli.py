@@ -12,12 +12,13 @@ import json
 import sys
 from pathlib import Path
 
+from config.cost.memory import MEMORY_MARGIN
 from config.hardware import GPUS, Cluster
 from config.tree import ConfigError, to_dict, to_yaml
 from data.tools.cli import add_data_parser, cmd_data
 from launchers.profile import EXECUTORS, JobSize, Profile, job_cluster, load_profile
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
-from recipes.advice.plan import LAYOUT_FIELDS, MEMORY_MARGIN, pinned, plan
+from recipes.advice.plan import LAYOUT_FIELDS, pinned, plan
 from recipes.advice.plan_text import render as render_plans
 from recipes.recipe import Recipe
 from recipes.registry import all_recipes, resolve
@@ -31,6 +32,29 @@ SIZES = (
 
 def _add_profile_arg(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--profile", "--cluster", dest="profile", metavar="NAME|FILE", help=text)
+
+
+def _add_margin_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--memory-margin",
+        type=float,
+        default=MEMORY_MARGIN,
+        help=f"share of GPU memory a config must leave free to fit (default {MEMORY_MARGIN})",
+    )
+
+
+def _margin(args: argparse.Namespace) -> float:
+    """--memory-margin of `check` and `plan`, which judge fit alike."""
+    if not 0 <= args.memory_margin < 1:
+        raise ConfigError(
+            [
+                (
+                    "--memory-margin",
+                    f"is {args.memory_margin}; a share of memory in [0, 1), e.g. 0.08",
+                )
+            ]
+        )
+    return args.memory_margin
 
 
 def _add_cluster_args(parser: argparse.ArgumentParser, profile_text: str) -> None:
@@ -63,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train.max_steps=100")
         p.add_argument("--json", action="store_true")
         if name == "check":
+            _add_margin_arg(p)
             _add_cluster_args(p, SIZES)
 
     p = sub.add_parser("plan", help="rank layouts (TP, PP, VPP, CP, EP) by predicted step time")
@@ -70,12 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotlist overrides; layout fields given are pinned")
     p.add_argument("--json", action="store_true")
     p.add_argument("--top", type=int, default=5, help="how many layouts to print (default 5)")
-    p.add_argument(
-        "--memory-margin",
-        type=float,
-        default=MEMORY_MARGIN,
-        help=f"share of GPU memory a plan leaves free (default {MEMORY_MARGIN})",
-    )
+    _add_margin_arg(p)
     _add_cluster_args(p, SIZES)
 
     p = sub.add_parser("run", help="check, then launch a recipe")
@@ -178,7 +198,8 @@ def sized(recipe: Recipe, args: argparse.Namespace) -> tuple[Cluster, Profile | 
 
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
-    report = check(cfg, sized(recipe, args)[0], pinned=pinned(cfg, args.overrides))
+    margin = _margin(args)
+    report = check(cfg, sized(recipe, args)[0], pinned=pinned(cfg, args.overrides), margin=margin)
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
 
@@ -194,20 +215,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     if args.top < 1:
         raise ConfigError([("--top", f"is {args.top}; ask for at least one plan, e.g. --top 5")])
-    if not 0 <= args.memory_margin < 1:
-        raise ConfigError(
-            [
-                (
-                    "--memory-margin",
-                    f"is {args.memory_margin}; a share of memory in [0, 1), e.g. 0.08",
-                )
-            ]
-        )
+    margin = _margin(args)
     plans, priced = plan(
-        cfg, cluster, top=args.top, pinned=pinned(cfg, args.overrides), margin=args.memory_margin
+        cfg, cluster, top=args.top, pinned=pinned(cfg, args.overrides), margin=margin
     )
     if not plans:  # a problem no layout can fix (precision, model, data) is the checker's to name
-        report = check(cfg, cluster, suggest_fixes=False)
+        report = check(cfg, cluster, suggest_fixes=False, margin=margin)
         report.problems = [
             p
             for p in report.problems
@@ -221,7 +234,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         executor = profile.executor if profile else None
         user = args.overrides
-        print(render_plans(cfg, cluster, plans, priced, args.recipe, user, args.profile, executor))
+        print(
+            render_plans(
+                cfg, cluster, plans, priced, args.recipe, user, args.profile, executor, margin
+            )
+        )
     return 0 if plans else EXIT_NO_FIT
 
 

@@ -19,15 +19,12 @@ on GPUs):
    '.cuda' the checks expect, and `.cuda()` leaves them where they are (`_as_if_on_cuda`).
    A new call site of this kind (a checkpoint path, say) is one more line in `enable()`.
 
-4. Sequence parallel: Megatron-Core's torch norms (`WrappedTorchNorm`, the local spec's norm
-   without apex) refuse it, since a norm on a sequence shard gets a partial weight gradient that
-   must be summed over the TP group. On the CPU they are built the way apex's and TE's norms are
-   on GPUs: the same torch norm, its parameters marked `sequence_parallel`, which
-   `finalize_model_grads` all-reduces over the TP group (`_sequence_parallel_norm`). The SP
-   collectives themselves (all_gather_into_tensor, reduce_scatter_tensor, sync and async, FP32
-   and BF16) are gloo's own since torch 2.3 (its reduce_scatter_tensor is an all-reduce and this
-   rank's chunk; pytorch#112144, #118911; measured with torch 2.14), so Megatron-Core's SP code
-   path runs as is. tests/smoke/test_sp_cpu.py holds it to TP without SP.
+4. Sequence parallel needs nothing of its own here: the norms that run it are the layer spec's
+   (models/specs.py `SequenceParallelTorchNorm`, the same on GPUs), and the SP collectives
+   (all_gather_into_tensor, reduce_scatter_tensor, sync and async, FP32 and BF16) are gloo's own
+   since torch 2.3 (its reduce_scatter_tensor is an all-reduce and this rank's chunk;
+   pytorch#112144, #118911; measured with torch 2.14), so Megatron-Core's SP code path runs as
+   is. tests/smoke/test_sp_cpu.py holds it to TP without SP.
 5. Output-discarding recompute (`CheckpointWithoutOutput`: the layernorm and moe_act recompute
    modules) asks Transformer Engine whether FP8 is on even when it is not: its `fp8=False` default
    passes its `fp8 is not None` test. Without TE those names are undefined, so on the CPU the
@@ -47,7 +44,6 @@ optimizer and EP with the allgather dispatcher train over gloo.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import importlib
 import types
@@ -322,23 +318,6 @@ def _as_if_on_cuda(fn: Callable) -> Callable:
     return wrapper
 
 
-def _sequence_parallel_norm(real_new: Callable) -> Callable:
-    """WrappedTorchNorm.__new__ that accepts sequence parallel, as apex's and TE's norms do."""
-
-    @functools.wraps(real_new)
-    def new(cls: type, config: Any, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        if not config.sequence_parallel:
-            return real_new(cls, config, *args, **kwargs)
-        unsharded = copy.copy(config)
-        unsharded.sequence_parallel = False  # only the assertion reads it
-        norm = real_new(cls, unsharded, *args, **kwargs)
-        for param in norm.parameters():
-            param.sequence_parallel = True  # summed over the TP group by finalize_model_grads
-        return norm
-
-    return new
-
-
 _enabled = False
 
 
@@ -431,10 +410,6 @@ def enable() -> None:
         (grad_scaler.DynamicGradScaler, "load_state_dict"),  # FP16 loss scale: .cuda(device)
     ):
         setattr(owner, attr, _as_if_on_cuda(getattr(owner, attr)))
-    # 4. Sequence parallel through the torch norms.
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    WrappedTorchNorm.__new__ = staticmethod(_sequence_parallel_norm(WrappedTorchNorm.__new__))
     # 5. Output-discarding recompute without Transformer Engine.
     if not random.HAVE_TE:
         random.FP8GlobalStateManager = _NoFP8

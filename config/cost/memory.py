@@ -59,6 +59,28 @@ GIB = 2**30
 # NCCL's buffers for the TP/PP/DP/CP/EP communicators (~1 GiB), cuBLAS/TE workspaces (~0.4 GiB)
 # and the caching allocator's fragmentation (~1 GiB at the steady state of a long run).
 OVERHEAD_GIB = 3.0
+# The share of GPU memory a config must leave free to be predicted to fit: the estimate's error on
+# measured runs and the allocator's fragmentation late in a run. Every published run is predicted
+# within it. `recipes check` (and so `recipes run`) and `recipes plan` judge fit by `fits` alone.
+MEMORY_MARGIN = 0.08
+
+
+def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> float:
+    """The most a config may be predicted to use per GPU: its memory less the margin."""
+    return gpu_memory_gib * (1 - margin)
+
+
+def fits(total_gib: float, gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> bool:
+    """Whether a predicted peak of `total_gib` per GPU fits a GPU of `gpu_memory_gib`."""
+    return total_gib <= memory_limit_gib(gpu_memory_gib, margin)
+
+
+def limit_text(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> str:
+    """The limit as `check` and `plan` print it: "at most 36.2 of 39.4 GiB, keeping 8% free"."""
+    return (
+        f"at most {memory_limit_gib(gpu_memory_gib, margin):.1f} of {gpu_memory_gib:.1f} GiB, "
+        f"keeping {margin * 100:g}% free"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from config.blend import split_weights
 from config.finalize import Partial
 from config.hardware import Cluster
-from config.hf import read_json
+from config.hf import read_json, tokenizer_size
 from config.problems import Problem
 from config.registry import DATA_KINDS
 from config.schema import TrainingConfig, data_kind, model_arch
@@ -38,6 +38,8 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
         )
     if kind.needs_chat_template and data.tokenizer:
         out += _chat_template(data.tokenizer, kind.name)
+    if data.tokenizer:
+        out += _tokenizer_here(cfg)
     out += _evaluation(cfg)
     if data.sequence_packing and not kind.packs:
         packers = " or ".join(k.name for k in DATA_KINDS.values() if k.packs)
@@ -156,11 +158,19 @@ def _chat_template(given: str, kind: str) -> list[Problem]:
     return []
 
 
+def _tokenizer_here(cfg: TrainingConfig) -> list[Problem]:
+    """`tokenizer_fits` for data.tokenizer where this machine sees it as given. A path that is
+    not here is the launcher's to look for where the ranks will see it (launchers/inputs.py)."""
+    path = Path(os.path.expanduser(cfg.data.tokenizer or ""))
+    return tokenizer_fits(cfg, tokenizer_size(path) if path.exists() else None)
+
+
 def tokenizer_fits(cfg: TrainingConfig, size: int | None) -> list[Problem]:
     """data.tokenizer, which emits `size` ids (None: unknown), against model.vocab_size: ids past
     the embedding train on nothing under tensor parallelism, or fail deep inside the model. The
-    launcher asks with the size read from the tokenizer's files (launchers/inputs.py), the ranks
-    with the loaded tokenizer's (data/pretrain.py, data/sft.py): one check, one message."""
+    checker (`data`) and the launcher (launchers/inputs.py) ask with the size read from the
+    tokenizer's files (config/hf.py `tokenizer_size`), the ranks with the loaded tokenizer's
+    (data/pretrain.py, data/sft.py): one check, one message."""
     given, vocab = cfg.data.tokenizer, cfg.model.vocab_size
     if size is None or size <= vocab:
         return []

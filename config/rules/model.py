@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from config.backend import local_layers, run_device
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
@@ -35,7 +36,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
                 f"{groups} must divide num_attention_heads={model.num_attention_heads}",
             )
         )
-    out += _recompute(model)
+    out += _recompute(model) + _mla_query_norm(cfg, cluster)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
     if delayed and discarded:
@@ -48,6 +49,29 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     return out
+
+
+def _mla_query_norm(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
+    """Multi-latent attention's query norm (model.qk_layernorm) sits after the query's down
+    projection, which only model.q_lora_rank gives it. Without one, Transformer Engine's layers
+    fuse the norm into the query projection; Megatron-Core's local layers have no such fused layer
+    and refuse the model when they build it."""
+    m = cfg.model
+    if not (m.multi_latent_attention and m.qk_layernorm and m.q_lora_rank is None):
+        return []
+    why = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    if why is None:
+        return []
+    return [
+        Problem(
+            "model.q_lora_rank",
+            f"is unset with model.qk_layernorm=true in multi-latent attention, and {why}: "
+            "Megatron-Core's local layers normalise the query only after its down projection, "
+            "so they refuse to build it. Set model.q_lora_rank (e.g. 1536, DeepSeek-V3's), or "
+            "model.qk_layernorm=false"
+            + (", or train every weight (peft.scheme=none)" if cfg.peft.scheme != "none" else ""),
+        )
+    ]
 
 
 def _recompute(model: ModelConfig) -> list[Problem]:

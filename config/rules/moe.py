@@ -107,6 +107,16 @@ def _widths(cfg: TrainingConfig, etp: int) -> list[Problem]:
                 "with parallel.expert_tensor_parallel_size=1 (or set model.add_bias_linear=false)",
             )
         )
+    if model.add_bias_linear and shared:
+        # SharedExpertMLP.__init__ asserts add_bias_linear is False.
+        out.append(
+            Problem(
+                "model.add_bias_linear",
+                f"is true with shared experts (model.moe_shared_expert_intermediate_size={shared}), "
+                "and Megatron-Core's shared experts have no biases (it refuses to build them); set "
+                "model.add_bias_linear=false, or unset model.moe_shared_expert_intermediate_size",
+            )
+        )
     return out
 
 
@@ -172,7 +182,41 @@ def _router(cfg: TrainingConfig) -> list[Problem]:
                     f"={group_topk} exceeds model.moe_router_num_groups={groups}; use at most {groups}",
                 )
             )
+        else:
+            out += _group_limited(experts, topk, groups, group_topk)
     return out
+
+
+def _group_limited(experts: int, topk: int, groups: int, group_topk: int) -> list[Problem]:
+    """Group-limited routing takes the top k experts from the `group_topk` best groups, scoring
+    each group by its top topk // group_topk experts (Megatron-Core's group_limited_topk)."""
+    per_group = experts // groups
+    if topk <= group_topk * per_group:
+        return []
+    if topk // group_topk > per_group:
+        why = (
+            f"each group is scored by its top topk // group_topk = {topk // group_topk} experts, "
+            f"more than the {per_group} it has (Megatron-Core fails in the first step)"
+        )
+    else:
+        why = (
+            f"the {group_topk} groups chosen hold only {group_topk * per_group} experts, so the "
+            "others would come from groups the router masked out (NaN or zero routing weights)"
+        )
+    least = -(-topk // per_group)  # the fewest groups that hold topk experts
+    fix = (
+        f"use model.moe_router_group_topk >= {least}"
+        if least <= groups
+        else "use fewer, larger groups (model.moe_router_num_groups)"
+    )
+    return [
+        Problem(
+            "model.moe_router_group_topk",
+            f"={group_topk} with model.moe_router_topk={topk} and model.moe_router_num_groups="
+            f"{groups} groups of {per_group} experts (model.num_moe_experts={experts}): {why}; "
+            f"{fix}, or a lower model.moe_router_topk",
+        )
+    ]
 
 
 def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:
@@ -223,18 +267,42 @@ def _shared_overlap(cfg: TrainingConfig) -> list[Problem]:
 
 
 def _expert_grid(cfg: TrainingConfig, d: Partial, ep: int, etp: int) -> list[Problem]:
-    """EP x ETP must divide the ranks of a pipeline stage."""
-    pp = cfg.parallel.pipeline_model_parallel_size
-    ranks_per_stage = d.world_size // pp if pp > 0 and d.world_size % pp == 0 else None
-    if ranks_per_stage is None or ranks_per_stage % (ep * etp) == 0:
+    """EP x ETP must divide the ranks of a pipeline stage. The problem names the size that cannot
+    stay as it is: one that does not divide the ranks by itself; else ETP where it was set apart
+    from TP (its default), EP otherwise. The message gives the choices for each."""
+    par = cfg.parallel
+    pp, ranks = par.pipeline_model_parallel_size, None
+    if pp > 0 and d.world_size % pp == 0:
+        ranks = d.world_size // pp
+    if ranks is None or ranks % (ep * etp) == 0:
         return []
-    field = "parallel.expert_model_parallel_size"
-    if ep == 1:
-        field = "parallel.expert_tensor_parallel_size"
+    ep_field, etp_field = (
+        "parallel.expert_model_parallel_size",
+        "parallel.expert_tensor_parallel_size",
+    )
+    etp_given = par.expert_tensor_parallel_size is not None
+    etp_name = f"{etp_field}={etp}" if etp_given else f"{etp_field} (TP's {etp}, unset)"
+    if ranks % ep:
+        field = ep_field
+    elif ranks % etp or etp != par.tensor_model_parallel_size:
+        field = etp_field
+    else:
+        field = ep_field
+    fixes = []
+    if ranks % etp == 0:
+        eps = divisors(ranks // etp)
+        if cfg.model.num_moe_experts:
+            eps = [e for e in eps if cfg.model.num_moe_experts % e == 0]
+        if eps:
+            fixes.append(f"EP in {{{choices(eps)}}} with this ETP")
+    if ranks % ep == 0:
+        fixes.append(f"ETP in {{{choices(divisors(ranks // ep))}}} with this EP")
+    fix = " or ".join(fixes) if fixes else f"EP and ETP whose product divides {ranks}"
     return [
         Problem(
             field,
-            f"EP x ETP = {ep} x {etp} = {ep * etp} must divide the {ranks_per_stage} ranks of each "
-            f"pipeline stage (world {d.world_size} / PP {pp})",
+            f"EP x ETP = {ep} x {etp} = {ep * etp} ({ep_field}={ep} x {etp_name}) must divide "
+            f"the {ranks} ranks of each pipeline stage (world {d.world_size} / PP {pp}); use "
+            f"{fix}",
         )
     ]

@@ -26,6 +26,12 @@ def layout_obstacles(m: ModelConfig, ep: int, pp: int, chunks_per_rank: int) -> 
         )
     if m.recompute_granularity == "full":
         why.append("it cannot run with full recompute (use selective recompute)")
+    elif m.recompute_method is not None or m.recompute_num_layers is not None:
+        why.append(
+            "Megatron-Core refuses it with model.recompute_method or model.recompute_num_layers "
+            f"set (here {m.recompute_method} and {m.recompute_num_layers}, unused without full "
+            "recompute): unset both (model.recompute_method=None model.recompute_num_layers=None)"
+        )
     if "moe" in selective_modules(m):
         why.append(
             "it cannot recompute the whole MoE layer (drop 'moe' from model.recompute_modules)"

@@ -9,7 +9,7 @@ from config import layout as layouts
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem, choices, divisors
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, model_arch
 
 
 def parallel(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
@@ -81,6 +81,9 @@ def parallel(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]
                 "set parallel.sequence_parallel=false or raise parallel.tensor_model_parallel_size",
             )
         )
+    arch = model_arch(cfg)
+    if arch is not None and arch.pads_sequence:
+        return out  # the model pads its sequence to the SP / CP split itself
     # Context parallel gives each rank seq_length / CP tokens, which sequence parallel then splits
     # over TP (the pipeline's tensor shape and the scatter along the sequence both divide by TP).
     if par.sequence_parallel and tp > 1 and cp >= 1 and model.seq_length % (tp * cp):

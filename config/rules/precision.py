@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from config.backend import run_device
 from config.finalize import Partial
 from config.hardware import GPUS, Cluster, GpuSpec
 from config.precision import PRESETS, PrecisionPreset, gpu_runs
@@ -73,7 +74,7 @@ def _bf16_ends(cfg: TrainingConfig, preset: PrecisionPreset) -> list[Problem]:
 def cpu(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     """What the CPU smoke mode cannot run (Megatron-Core needs CUDA or Transformer Engine for
     these); `recipes run --shrink` replaces each with what the CPU runs (recipes/shrink.py)."""
-    if cluster.gpu != "cpu" and cfg.train.device != "cpu":
+    if run_device(cfg, cluster) != "cpu":
         return []
     par, out = cfg.parallel, []
     why = (

@@ -1,6 +1,10 @@
 """The checker's rules for vision-language models (arch "llava", config/registry.py). Whether the
 data has images at all is the data rules' business (config/rules/data.py); the sizes and the Energon
-loader's numbers each have their range (config/rules/ranges.py)."""
+loader's numbers each have their range (config/rules/ranges.py).
+
+The ViT's head dimension is model.vision.hidden_size // num_attention_heads, as Megatron-Core
+derives kv_channels (models/llava.py passes the same): a width that the heads do not divide builds
+and trains, its attention narrower than the hidden size."""
 
 from __future__ import annotations
 
@@ -40,14 +44,6 @@ def multimodal(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Proble
                 f"{' + 1 class token' if v.class_token else ''} = {tokens} positions, which leaves no "
                 f"room for text in seq_length={model.seq_length}; raise model.seq_length above "
                 f"{tokens} (e.g. {max(need, 2 * tokens)}) or use larger patches / smaller images",
-            )
-        )
-    if v.hidden_size % v.num_attention_heads:
-        out.append(
-            Problem(
-                "model.vision.num_attention_heads",
-                f"model.vision.hidden_size={v.hidden_size} is not divisible by "
-                f"num_attention_heads={v.num_attention_heads}",
             )
         )
     projector = v.projector_hidden_size or model.hidden_size

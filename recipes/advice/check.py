@@ -1,7 +1,8 @@
 """`recipes check`: validate a resolved recipe on a cluster and predict whether it fits.
 
 Exit codes (the CLI contract): 0 valid and predicted to fit, 2 invalid, 3 valid but predicted not to
-fit in GPU memory. When a config does not fit, the planner's fastest layouts that do are suggested;
+fit in GPU memory. A config fits with the share of memory `recipes plan` keeps free too
+(config/cost/memory.py `fits`, 8% unless --memory-margin says otherwise). When a config does not fit, the planner's fastest layouts that do are suggested;
 a group that leaves its NVLink domain is warned about with the planner's fastest layout that keeps
 it inside (suggest.py): `recipes plan` with the same overrides gives the same answers.
 """
@@ -10,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from config.cost.memory import MemoryEstimate, estimate_memory, model_flops_per_token
+from config.cost.memory import (
+    MEMORY_MARGIN,
+    MemoryEstimate,
+    estimate_memory,
+    fits,
+    limit_text,
+    memory_limit_gib,
+    model_flops_per_token,
+)
 from config.finalize import Partial, finalize
 from config.hardware import Cluster
 from config.rules import Problem, derive, validate
@@ -32,6 +41,7 @@ class Report:
     fixes: list[str] = field(default_factory=list)  # overrides predicted to make it fit
     # Valid but costly (config/rules/topology.py): the exit code does not change.
     warnings: list[Problem] = field(default_factory=list)
+    margin: float = MEMORY_MARGIN  # the share of GPU memory a config must leave free
 
     @property
     def valid(self) -> bool:
@@ -39,7 +49,8 @@ class Report:
 
     @property
     def fits(self) -> bool:
-        return self.memory is not None and self.memory.total_gib <= self.cluster.spec.memory_gib
+        mem = self.memory
+        return mem is not None and fits(mem.total_gib, self.cluster.spec.memory_gib, self.margin)
 
     @property
     def exit_code(self) -> int:
@@ -60,6 +71,10 @@ class Report:
             "pipeline_model_parallel_layout": self.derived.pipeline_layout,
             "gpu": self.cluster.gpu,
             "gpu_memory_gib": _finite(self.cluster.spec.memory_gib),
+            "memory_limit_gib": _finite(
+                memory_limit_gib(self.cluster.spec.memory_gib, self.margin)
+            ),
+            "memory_margin": self.margin,
             "memory_gib_per_gpu": round(mem.total_gib, 2) if mem else None,
             "memory_breakdown_gib": _breakdown(mem) if mem else None,
             "model_tflops_per_token": self.flops_per_token / 1e12 if self.flops_per_token else None,
@@ -97,10 +112,12 @@ def check(
     *,
     pinned: dict[str, object] | None = None,
     suggest_fixes: bool = True,
+    margin: float = MEMORY_MARGIN,
 ) -> Report:
     """Validate `cfg` on `cluster` and estimate its memory; with `suggest_fixes`, the topology
-    warnings and, when it does not fit, the planner's layouts that do, within the `pinned` fields
-    (recipes/advice/plan.py `pinned`: what the command line set, as `recipes plan` pins them)."""
+    warnings and, when it does not fit (keeping `margin` of the memory free), the planner's layouts
+    that do, within the `pinned` fields (recipes/advice/plan.py `pinned`: what the command line
+    set, as `recipes plan` pins them)."""
     partial = finalize(cfg, cluster)
     problems = validate(cfg, cluster, partial)
     derived = None if problems else derive(cfg, cluster)
@@ -110,12 +127,12 @@ def check(
         if not any(p.field.startswith("model.") for p in problems)
         else None
     )
-    report = Report(cfg, cluster, partial, problems, memory, flops)
+    report = Report(cfg, cluster, partial, problems, memory, flops, margin=margin)
     if derived and suggest_fixes:
         warnings = topology(cfg, cluster, derived)
-        report.warnings = [keep_inside(cfg, cluster, w, pinned) for w in warnings]
+        report.warnings = [keep_inside(cfg, cluster, w, pinned, margin) for w in warnings]
     if report.valid and not report.fits and suggest_fixes:
-        report.fixes = fixes(cfg, cluster, pinned)
+        report.fixes = fixes(cfg, cluster, pinned, margin=margin)
     return report
 
 
@@ -145,7 +162,6 @@ def render(report: Report) -> str:
         lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory
     if mem:
-        limit = _finite(c.spec.memory_gib)
         lines.append("")
         lines.append(
             f"memory per GPU (pipeline rank {mem.pipeline_rank}, {_count(mem.params_per_gpu)} params)"
@@ -153,8 +169,12 @@ def render(report: Report) -> str:
         for part, gib in _breakdown(mem).items():
             lines.append(f"  {part:<12}{gib:>8.1f} GiB")
         verdict = "fits" if report.fits else "DOES NOT FIT"
-        of = f" of {limit:.1f} GiB" if limit else ""
-        lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB{of}: {verdict}")
+        limit = (
+            f" ({limit_text(c.spec.memory_gib, report.margin)})"
+            if _finite(c.spec.memory_gib)
+            else ""
+        )
+        lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB: {verdict}{limit}")
     if report.warnings:
         lines.append("")
         lines.append(f"{len(report.warnings)} warning(s), valid all the same:")

@@ -29,12 +29,15 @@ from config import layout as layouts
 from config.cost import layers
 from config.cost.memory import (
     GIB,
+    MEMORY_MARGIN,
     OVERHEAD_GIB,
     MemoryEstimate,
     ParamCount,
     bytes_per_parameter,
     count_parameters,
     estimate_memory,
+    fits,
+    memory_limit_gib,
 )
 from config.cost.steptime import (
     LayerCosts,
@@ -87,9 +90,6 @@ LAYOUT_FIELDS = (
 FSDP = PAR + "use_megatron_fsdp"
 A2A = PAR + "overlap_moe_expert_parallel_comm"
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
-# The share of GPU memory a plan leaves free: the estimate's error on measured runs and the
-# allocator's fragmentation late in a run. Every published run is predicted within it.
-MEMORY_MARGIN = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +395,7 @@ def plan(
 
     sp = pinned.get(PAR + "sequence_parallel")  # None: on wherever TP > 1
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
-    limit = cluster.spec.memory_gib * (1 - margin)
+    limit = memory_limit_gib(cluster.spec.memory_gib, margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
     a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
@@ -422,7 +422,7 @@ def plan(
         recomputes = _recomputes(cfg, shape, pinned)
         for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
             beat = min(kth, found[group].step.seconds if group in found else kth)
-            fitting = _fitting(work, cluster, shape, mbs, recomputes, limit, sp, fsdp, a2a)
+            fitting = _fitting(work, cluster, shape, mbs, recomputes, margin, sp, fsdp, a2a)
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
                 if step is None or step.seconds >= beat:
@@ -458,29 +458,31 @@ def _fitting(
     shape: Shape,
     mbs: int,
     recomputes: list[tuple],
-    limit: float,
+    margin: float,
     sp: bool | None = None,
     fsdp: bool = False,
     a2a: tuple[bool, bool] = (False, False),
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
-    memory.
+    memory (fitting as `recipes check` judges it, keeping `margin` of the memory free).
 
     The last of `recomputes` saves the most, so when it does not fit nothing does; the others are
     tried in order (selective and block recompute do not save memory in a fixed order)."""
 
-    def fits(index: int) -> tuple[Derived, MemoryEstimate] | None:
+    def fitting(index: int) -> tuple[Derived, MemoryEstimate] | None:
         _apply(work, shape, mbs, recomputes[index], sp, fsdp, a2a)
         derived = complete(finalize(work, cluster))
         if derived is None:
             return None
         memory = estimate_memory(work, cluster, derived)
-        return (derived, memory) if memory.total_gib <= limit else None
+        return (
+            (derived, memory) if fits(memory.total_gib, cluster.spec.memory_gib, margin) else None
+        )
 
-    if fits(len(recomputes) - 1) is None:
+    if fitting(len(recomputes) - 1) is None:
         return
     for index in range(len(recomputes)):
-        chosen = fits(index)
+        chosen = fitting(index)
         if chosen:
             yield chosen
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from config.cost.memory import MEMORY_MARGIN, limit_text
 from config.hardware import Cluster
 from config.schema import TrainingConfig
 from recipes.advice.plan import Plan
@@ -43,15 +44,18 @@ def render(
     user: list[str],
     profile: str | None = None,
     executor: str | None = None,
+    margin: float = MEMORY_MARGIN,
 ) -> str:
     """The table of `plans`, and the `recipes run` command of the first (with `profile`, the
-    cluster profile the plan was sized by, and its executor)."""
+    cluster profile the plan was sized by, and its executor; `margin`, the share of memory the
+    plans keep free)."""
     lines = [
         f"recipe   {cfg.name}",
         f"cluster  {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.upper()} = "
         f"{cluster.world_size} GPUs, NVLink domain {cluster.domain}",
         f"batch    global {cfg.train.global_batch_size}, seq {cfg.model.seq_length}, "
         f"precision {cfg.precision}",
+        f"memory   {limit_text(cluster.spec.memory_gib, margin)} per GPU",
         f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
         "",
     ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from config.cost.memory import MEMORY_MARGIN
 from config.cost.steptime import predict
 from config.hardware import Cluster
 from config.problems import Problem
@@ -27,14 +28,18 @@ FREED = {TP: (TP,), CP: (CP,), EP: (EP, PAR + "expert_tensor_parallel_size")}
 
 
 def fixes(
-    cfg: TrainingConfig, cluster: Cluster, pinned: dict | None = None, limit: int = 3
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    pinned: dict | None = None,
+    limit: int = 3,
+    margin: float = MEMORY_MARGIN,
 ) -> list[str]:
     """Up to `limit` changes predicted to fit, fastest first: each the overrides of one of
     `recipes plan`'s layouts (plus `--nodes N` where the job must grow), with its memory and
     speed. `recipes plan` with the same overrides (and `--nodes N`) lists the same layouts first."""
     for factor in GROWTH:
         sized = dataclasses.replace(cluster, num_nodes=cluster.num_nodes * factor)
-        plans, _ = plan(cfg, sized, top=limit, pinned=pinned)
+        plans, _ = plan(cfg, sized, top=limit, pinned=pinned, margin=margin)
         if plans:
             grow = [f"--nodes {sized.num_nodes}"] if factor > 1 else []
             return [_fix(cfg, grow, p) for p in plans]
@@ -47,13 +52,17 @@ def _fix(cfg: TrainingConfig, grow: list[str], p: Plan) -> str:
 
 
 def keep_inside(
-    cfg: TrainingConfig, cluster: Cluster, warning: Problem, pinned: dict | None = None
+    cfg: TrainingConfig,
+    cluster: Cluster,
+    warning: Problem,
+    pinned: dict | None = None,
+    margin: float = MEMORY_MARGIN,
 ) -> Problem:
     """`warning` with the fastest layout that keeps its group inside an NVLink domain, sized and
     priced against the config's own step time; or that none fits."""
     group, domain = GROUPS[warning.field], cluster.domain
     free = {k: v for k, v in (pinned or {}).items() if k not in FREED[warning.field]}
-    plans, _ = plan(cfg, cluster, top=1, pinned=free, inside=warning.field)
+    plans, _ = plan(cfg, cluster, top=1, pinned=free, inside=warning.field, margin=margin)
     if not plans:
         advice = f"no layout that keeps {group} within {domain} GPUs fits (`recipes plan`)"
         return Problem(warning.field, f"{warning.message} {advice[0].upper()}{advice[1:]}.")

@@ -2,8 +2,9 @@
 
 The same tiny model, seed and samples train on 2 CPU processes with TP=2, once with
 `parallel.sequence_parallel` off and once on, in FP32 so that only the order of the sums differs.
-With SP, Megatron-Core's code path is the GPU one (training/cpu_mode.py): the norms and dropout run
-on sequence shards, the column-parallel linears all-gather the sequence and the row-parallel ones
+With SP, Megatron-Core's code path is the GPU one (training/cpu_mode.py): the norms (the local
+spec's, models/specs.py `SequenceParallelTorchNorm`, as on GPUs without Transformer Engine and
+for LoRA) and dropout run on sequence shards, the column-parallel linears all-gather the sequence and the row-parallel ones
 reduce-scatter it over gloo, and the norms' partial weight gradients are summed over the TP group.
 Measured: the losses and gradient norms agree to 1e-7 (dense and MLA: bit for bit). Norms whose
 gradients were not summed over the TP group show at step 1 (LR 0 there, the weights are the same):
@@ -22,7 +23,9 @@ from tests.smoke.conftest import MLA, MOE, Planned, Runs, assert_same_training
 pytestmark = pytest.mark.smoke
 
 TP2 = ("parallel.tensor_model_parallel_size=2", "precision=fp32", "train.max_steps=6")
-VARIANTS = {"dense": (), "moe": MOE, "mla": MLA}
+# LoRA: Megatron-Core's local layers on GPUs too (models/specs.py), adapters and frozen norms.
+LORA = ("peft.scheme=lora", "peft.target_modules=linear_qkv,linear_proj,linear_fc1,linear_fc2")
+VARIANTS = {"dense": (), "moe": MOE, "mla": MLA, "lora": LORA}
 PLANNED = {
     f"sp_{variant}_{sp}": Planned(2, (*TP2, *extra, f"parallel.sequence_parallel={sp}"))
     for variant, extra in VARIANTS.items()

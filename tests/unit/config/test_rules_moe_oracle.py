@@ -7,10 +7,13 @@ through Megatron-Core:
 
 - `TransformerConfig(...)` as the engine builds it (`models.gpt.transformer_config`, on the CPU;
   it needs no process group), then Megatron-Core's decoder layer specs for it;
-- the rules Megatron-Core applies later, when process groups exist (they cannot be built here:
-  `initialize_model_parallel` on torch's fake process group crashes on a machine without CUDA) or
-  in the first training step, emulated from its source and named below (`_first_step`). The
-  divisibility ones call Megatron-Core's own `divide`, as its parallel linear layers do.
+- the model itself: Megatron-Core's parallel state and rank 0's chunks, built on torch's fake
+  process group and the meta device (tests/support/megatron_build.py), with Megatron-Core's local
+  layers (Transformer Engine's are not installed here; a module that needs DeepEP or HybridEP is
+  left to the emulation below);
+- the rules Megatron-Core applies on other ranks or in the first training step, emulated from its
+  source and named below (`_first_step`). The divisibility ones call Megatron-Core's own `divide`,
+  as its parallel linear layers do; the router's runs Megatron-Core's own top-k routing.
 
 The test asserts the same verdict (valid or not) from both, config by config.
 """
@@ -27,6 +30,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs  # noqa: E402
+from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function  # noqa: E402
 from megatron.core.utils import divide  # noqa: E402
 
 from config.finalize import Partial, finalize  # noqa: E402
@@ -35,14 +39,20 @@ from config.precision import TORCH_DTYPES  # noqa: E402
 from config.rules import validate  # noqa: E402
 from config.schema import ModelConfig, ParallelConfig, TrainConfig, TrainingConfig  # noqa: E402
 from models.gpt import transformer_config  # noqa: E402
+from tests.support import megatron_build  # noqa: E402
 
 H100x8 = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
 SAMPLES = 300
 
-# Rules where the checker is stricter than Megatron-Core on purpose: none in the sampled space.
-# (A config that only Megatron-Core accepts would fail the test; list the rule here, with why,
-# and exclude it from the sample.)
-STRICTER: dict[str, str] = {}
+# Rules where the checker is stricter than Megatron-Core on purpose. (A config that only
+# Megatron-Core accepts would fail the test; list the rule here, with why, and how the oracle
+# counts it.)
+STRICTER: dict[str, str] = {
+    "group_limited_masked": "group-limited routing whose chosen groups hold fewer than top-k "
+    "experts (moe_router_topk > group_topk x experts per group): Megatron-Core runs it, routing "
+    "the rest to experts of masked-out groups with NaN (sigmoid, pre-softmax) or zero weights; "
+    "`_first_step` counts a routing with such weights as refused",
+}
 
 
 def base() -> TrainingConfig:
@@ -214,6 +224,31 @@ CASES: list[list[tuple[str, object]]] = [
         ("model.moe_router_num_groups", 4),
         ("model.moe_router_group_topk", 2),
     ],
+    # group-limited routing: per-group top topk // group_topk against a group's experts, and the
+    # chosen groups against top-k (8 experts: 4 groups of 2, 8 groups of 1)
+    *(
+        [
+            ("model.moe_router_num_groups", groups),
+            ("model.moe_router_group_topk", group_topk),
+            ("model.moe_router_topk", topk),
+            ("model.moe_router_score_function", score),
+        ]
+        for groups, group_topk, topk in ((4, 1, 2), (4, 1, 4), (4, 2, 4), (4, 2, 5), (8, 2, 3))
+        for score in ("softmax", "sigmoid")
+    ),
+    # biases in every linear layer (experts at ETP 1), with shared experts and without
+    [("model.add_bias_linear", True), ("parallel.expert_tensor_parallel_size", 1)],
+    [("model.add_bias_linear", True), ("parallel.expert_tensor_parallel_size", 1)]
+    + [("model.moe_shared_expert_intermediate_size", 512)],
+    # the alltoall overlap with a recompute method or layer count that nothing uses
+    *(
+        [(A2A, True), *moves]
+        for moves in (
+            [("model.recompute_method", "uniform")],
+            [("model.recompute_num_layers", 1)],
+            [("model.recompute_granularity", "selective"), ("model.recompute_method", "block")],
+        )
+    ),
 ]
 
 
@@ -279,6 +314,29 @@ def _first_step(cfg: TrainingConfig, d: Partial, config) -> str | None:
     # TopKRouter's torch.topk over num_moe_experts scores: k must not exceed them.
     if m.moe_router_topk > m.num_moe_experts:
         return "topk > num_moe_experts"
+    return _routing(config)
+
+
+def _routing(config) -> str | None:
+    """Megatron-Core's own top-k routing (the router's first forward step) on random logits:
+    refused when it raises, or routes a token to an expert with a weight that is not positive
+    (STRICTER "group_limited_masked")."""
+    if not config.moe_router_group_topk:
+        return None
+    logits = torch.randn(64, config.num_moe_experts, generator=torch.Generator().manual_seed(0))
+    try:
+        probs, routing_map = topk_routing_with_score_function(
+            logits,
+            config.moe_router_topk,
+            use_pre_softmax=config.moe_router_pre_softmax,
+            num_groups=config.moe_router_num_groups,
+            group_topk=config.moe_router_group_topk,
+            score_function=config.moe_router_score_function,
+        )
+    except RuntimeError as err:
+        return f"group_limited_topk: {err}"
+    if not (probs[routing_map] > 0).all():
+        return "group-limited routing to masked-out experts (NaN or zero weights)"
     return None
 
 
@@ -293,7 +351,7 @@ def megatron_refuses(cfg: TrainingConfig, cluster: Cluster) -> str | None:
             get_gpt_decoder_layer_specs(config, use_transformer_engine=False)
     except (ValueError, AssertionError) as err:
         return f"{type(err).__name__}: {err}"
-    return _first_step(cfg, d, config)
+    return megatron_build.refuses(cfg, cluster) or _first_step(cfg, d, config)
 
 
 def test_base_is_valid_on_both_sides() -> None:

@@ -204,8 +204,8 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
 def test_a_tokenizer_config_nested_too_deep_stops_neither_check(tmp_path: Path) -> None:
     """tokenizer_config.json nested deeper than Python's JSON reader follows: the launcher counts
     tokenizer.json's ids alone and the checker finds no chat template there, no RecursionError."""
+    from config.hf import tokenizer_size
     from config.rules.data import has_chat_template
-    from data.tokenizer import tokenizer_size
     from data.tools.make_tokenizer import train_bpe_tokenizer
 
     folder = tmp_path / "hf"
@@ -246,6 +246,26 @@ def test_the_launcher_and_the_ranks_refuse_a_large_tokenizer_with_one_message(
     with pytest.raises(ConfigError) as datasets:
         build_pretrain_datasets(mock, tokenizer, 4, 1)
     assert datasets.value.problems == problems(mock, LOCAL, tmp_path) == before_launch
+
+
+def test_check_refuses_a_large_tokenizer_as_the_launcher_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`recipes check` reads data.tokenizer too (where the path is seen as given), and refuses it
+    with the launcher's field and message, before anything is launched."""
+    from data.tools.make_tokenizer import train_bpe_tokenizer
+    from recipes.cli import main
+
+    tok = train_bpe_tokenizer(texts=["words to merge"] * 5, vocab_size=300, out=tmp_path / "t")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "q", "response": "a"}\n')
+    sft = ["data.kind=sft", f"data.path={tmp_path / 'train.jsonl'}", f"data.tokenizer={tok}"]
+    for vocab, valid in ((64, False), (4096, True)):
+        overrides = [*sft, f"model.vocab_size={vocab}"]
+        code = main(["check", "tiny_gpt_pretrain", *overrides, "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert (code == 0) == valid and report["valid"] == valid, report["errors"]
+        launcher = problems(cfg_with(*overrides), LOCAL, tmp_path)
+        assert [(e["field"], e["message"]) for e in report["errors"]] == launcher
 
 
 def test_the_tokenizer_check_imports_no_torch(tmp_path: Path) -> None:

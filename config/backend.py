@@ -1,0 +1,26 @@
+"""Which layers the ranks build: Transformer Engine's, or Megatron-Core's own ("local") ones.
+
+GPUs build Transformer Engine's layer spec when it imports (models/specs.py `choose_backend`).
+Some runs build Megatron-Core's local spec whatever the machine has, and the checker holds them to
+what that spec can build (config/rules/model.py): the answer lives here, torch-free, for both.
+"""
+
+from __future__ import annotations
+
+from config.hardware import Cluster
+from config.schema import TrainingConfig
+
+
+def run_device(cfg: TrainingConfig, cluster: Cluster) -> str:
+    """ "cpu" or "cuda": where the ranks of `cfg` on `cluster` train, as the checker sees it."""
+    return "cpu" if cluster.gpu == "cpu" or cfg.train.device == "cpu" else "cuda"
+
+
+def local_layers(lora: bool, device: str) -> str | None:
+    """Why the model is built from Megatron-Core's local layers (its own linear layers and norms,
+    no Transformer Engine) on every machine, or None where GPUs build Transformer Engine's."""
+    if lora:
+        return "LoRA's adapters wrap Megatron-Core's own linear layers (peft.scheme=lora)"
+    if device != "cuda":
+        return "the CPU runs without Transformer Engine"
+    return None

@@ -1,0 +1,236 @@
+"""The checker against Megatron-Core's own constructors, rule by rule.
+
+Each config is built by Megatron-Core as rank 0 of its world, on torch's fake process group and the
+meta device (tests/support/megatron_build.py: the engine's `transformer_config`, the
+architecture's builder, LoRA's adapters), and the checker must give Megatron-Core's verdict. Where
+Megatron-Core refuses only in the first training step, the test runs the Megatron-Core function
+that refuses (LLaVA's sequence padding). The MoE rules that Megatron-Core applies when it builds
+(shared experts' biases, group-limited routing, the alltoall overlap's recompute) are held in the
+sampled oracle, tests/unit/config/test_rules_moe_oracle.py, which builds every config too.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from megatron.core.models.multimodal.llava_model import LLaVAModel  # noqa: E402
+
+import models.specs as specs  # noqa: E402
+from config.backend import local_layers  # noqa: E402
+from config.hardware import Cluster  # noqa: E402
+from config.rules import validate  # noqa: E402
+from config.schema import TrainingConfig  # noqa: E402
+from config.tree import apply_overrides  # noqa: E402
+from recipes.advice.check import check  # noqa: E402
+from recipes.registry import resolve  # noqa: E402
+from tests.support import megatron_build  # noqa: E402
+from tests.unit.config.test_rules_moe_oracle import base as moe_base  # noqa: E402
+from tests.unit.config.test_validation import H100x8, llama_like  # noqa: E402
+
+CPUx8 = Cluster(num_nodes=1, gpus_per_node=8, gpu="cpu")
+# llama_like (TP 2 with SP on 8 H100s) at a size that builds in milliseconds
+SMALL = (
+    "model.num_layers=2",
+    "model.hidden_size=256",
+    "model.ffn_hidden_size=512",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=4",
+    "model.vocab_size=1024",
+    "model.seq_length=512",
+)
+MLA = (
+    "model.multi_latent_attention=true",
+    "model.kv_lora_rank=64",
+    "model.qk_head_dim=32",
+    "model.qk_pos_emb_head_dim=16",
+    "model.v_head_dim=32",
+)
+LORA = ("peft.scheme=lora",)
+MLA_LORA = (*MLA, *LORA, "peft.target_modules=linear_proj")
+
+
+def small(*overrides: str) -> TrainingConfig:
+    return apply_overrides(llama_like(), [*SMALL, *overrides])
+
+
+def problems(cfg: TrainingConfig, cluster: Cluster = H100x8) -> list[str]:
+    return [f"{p.field}: {p.message}" for p in validate(cfg, cluster)]
+
+
+# --- sequence parallel in Megatron-Core's local layers (LoRA builds them on GPUs too) ---------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        LORA,
+        (*LORA, "model.qk_layernorm=true"),
+        (*LORA, "model.mtp_num_layers=1"),
+        (*MLA_LORA, "model.qk_layernorm=true", "model.q_lora_rank=64"),
+        (),  # a GPU without Transformer Engine builds the same layers
+    ],
+)
+def test_local_layers_run_sequence_parallel(overrides: tuple[str, ...]) -> None:
+    """Megatron-Core's torch norm refuses SP; the local spec's norms take SP the way its apex and
+    TE norms do, each parameter marked for the TP sum of its gradient (models/specs.py)."""
+    cfg = small(*overrides)
+    assert cfg.parallel.sequence_parallel and problems(cfg) == []
+    chunks = megatron_build.build(cfg, H100x8)
+    norms = [(n, p) for c in chunks for n, p in c.named_parameters() if "norm" in n]
+    assert norms
+    assert [n for n, p in norms if not getattr(p, "sequence_parallel", False)] == []
+
+
+@pytest.mark.parametrize("recipe", ["llama3_8b_sft", "qwen3_8b_sft"])
+def test_lora_on_a_catalog_recipe_with_sequence_parallel(recipe: str) -> None:
+    """`recipes check RECIPE peft.scheme=lora` accepts TP with SP, and Megatron-Core builds that
+    model at full size (on the meta device)."""
+    found, cfg = resolve(recipe, list(LORA))
+    assert cfg.parallel.sequence_parallel
+    assert check(cfg, found.cluster, suggest_fixes=False).exit_code == 0
+    assert megatron_build.refuses(cfg, found.cluster) is None
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_checker_and_the_builder_agree_on_local_layers(lora: bool, device: str) -> None:
+    """One answer to "local layers or Transformer Engine's": the builder's, where TE imports."""
+    with mock.patch.object(specs, "have_transformer_engine", lambda: True):
+        backend = specs.choose_backend(device, lora)
+    assert (backend == "sdpa") == (local_layers(lora, device) is not None)
+
+
+# --- multi-latent attention's query norm in the local layers -----------------------------------
+
+
+@pytest.mark.parametrize("qk_layernorm", [False, True])
+@pytest.mark.parametrize("q_lora_rank", [None, 64])
+@pytest.mark.parametrize(
+    "rest, cluster",
+    [
+        (LORA + ("peft.target_modules=linear_proj",), H100x8),  # LoRA on GPUs: local layers
+        (("parallel.sequence_parallel=false", "parallel.tensor_model_parallel_size=1"), CPUx8),
+    ],
+    ids=["lora_gpu", "cpu"],
+)
+def test_mla_query_norm_needs_q_lora_rank_in_local_layers(
+    qk_layernorm: bool, q_lora_rank: int | None, rest: tuple[str, ...], cluster: Cluster
+) -> None:
+    cfg = small(
+        *MLA, *rest, f"model.qk_layernorm={qk_layernorm}", f"model.q_lora_rank={q_lora_rank}"
+    )
+    ours = problems(cfg, cluster)
+    theirs = megatron_build.refuses(cfg, cluster)
+    assert bool(ours) == (theirs is not None), (ours, theirs)
+    if ours:
+        [message] = ours
+        assert message.startswith("model.q_lora_rank: is unset with model.qk_layernorm=true")
+        assert "q_lora_rank is None" in theirs
+
+
+# --- MoE: the shared experts' biases, the expert grid ------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [None, 512])
+@pytest.mark.parametrize("bias", [False, True])
+def test_shared_experts_take_no_bias(bias: bool, shared: int | None) -> None:
+    cfg = moe_base()
+    apply_overrides(
+        cfg,
+        [
+            f"model.add_bias_linear={bias}",
+            f"model.moe_shared_expert_intermediate_size={shared}",
+            "parallel.expert_tensor_parallel_size=1",  # expert biases need ETP 1 (their own rule)
+        ],
+    )
+    ours, theirs = problems(cfg), megatron_build.refuses(cfg, H100x8)
+    assert bool(ours) == (theirs is not None) == (bias and shared is not None), (ours, theirs)
+    if ours:
+        assert ours[0].startswith("model.add_bias_linear: is true with shared experts")
+        assert "bias is not supported in the shared experts" in theirs
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        # from the base (TP 2, EP 4, ETP unset = TP: 8 of 8 ranks), one size changed
+        (["parallel.expert_tensor_parallel_size=4"], "parallel.expert_tensor_parallel_size"),
+        (["parallel.expert_model_parallel_size=8"], "parallel.expert_model_parallel_size"),
+        (["parallel.tensor_model_parallel_size=4"], "parallel.expert_model_parallel_size"),
+        (["parallel.expert_tensor_parallel_size=3"], "parallel.expert_tensor_parallel_size"),
+    ],
+)
+def test_the_expert_grid_names_the_size_to_change(overrides: list[str], field: str) -> None:
+    """EP x ETP must divide a pipeline stage's ranks (Megatron-Core's parallel state refuses it):
+    the problem names the size that cannot stay, and the message both fields with their choices."""
+    cfg = apply_overrides(moe_base(), overrides)
+    grid = [p for p in validate(cfg, H100x8) if p.message.startswith("EP x ETP")]
+    assert [p.field for p in grid] == [field]
+    message = grid[0].message
+    assert "parallel.expert_model_parallel_size=" in message
+    assert "parallel.expert_tensor_parallel_size" in message
+    assert "expert_tensor_model_pipeline_parallel" in (megatron_build.refuses(cfg, H100x8) or "")
+
+
+# --- LLaVA: the model pads its sequence for SP and CP; the ViT derives its head size ------------
+
+
+@pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning")
+@pytest.mark.parametrize("tp, cp", [(2, 1), (4, 1), (1, 2), (2, 2)])
+def test_llava_pads_its_sequence_for_sequence_and_context_parallel(tp: int, cp: int) -> None:
+    seq = 4099  # divisible by no TP x CP split
+    sp = tp > 1
+    found, cfg = resolve(
+        "llava_llama3_8b_sft",
+        [
+            f"model.seq_length={seq}",
+            f"parallel.tensor_model_parallel_size={tp}",
+            f"parallel.context_parallel_size={cp}",
+            f"parallel.sequence_parallel={sp}",
+        ],
+    )
+    assert problems(cfg, found.cluster) == []
+    # Megatron-Core's LLaVAModel, on the embeddings of a full sequence (text and image positions)
+    model = types.SimpleNamespace(
+        pre_process=True,
+        post_process=True,
+        context_parallel_lm=cp,
+        sequence_parallel_lm=sp,
+        tensor_model_parallel_size_lm=tp,
+        tp_comm_overlap_lm=False,
+    )
+    embeddings = torch.zeros(seq, 1, 8) if cp == 1 else torch.zeros(1, seq, 8)
+    labels, loss_mask = torch.zeros(1, seq, dtype=torch.long), torch.ones(1, seq)
+    with megatron_build.fake_world(cfg, found.cluster):
+        out, labels, loss_mask, _ = LLaVAModel._process_embedding_token_parallel(
+            model, embeddings, labels, loss_mask, None
+        )
+    # padded to a multiple of the split, then this rank's share: [s / (CP x TP), b, h]
+    split = (tp if sp else 1) * (2 * cp if cp > 1 else 1)
+    assert out.shape[0] == math.ceil(seq / split) * split // (cp * (tp if sp else 1))
+    assert labels.shape == loss_mask.shape
+
+
+def test_gpt_still_needs_the_sequence_to_divide() -> None:
+    """GPTModel pads nothing: the same sequence length is refused for a GPT model."""
+    cfg = small("model.seq_length=4099")
+    assert [p.split(":")[0] for p in problems(cfg)] == ["model.seq_length"]
+
+
+@pytest.mark.parametrize("hidden, heads", [(64, 4), (66, 4), (60, 8)])
+def test_the_vision_tower_derives_its_head_size(hidden: int, heads: int) -> None:
+    """kv_channels = hidden_size // num_attention_heads, as Megatron-Core derives it: a hidden
+    size that the heads do not divide builds."""
+    found, cfg = resolve(
+        "tiny_llava_pretrain",
+        [f"model.vision.hidden_size={hidden}", f"model.vision.num_attention_heads={heads}"],
+    )
+    assert problems(cfg, found.cluster) == []
+    assert megatron_build.refuses(cfg, found.cluster) is None
