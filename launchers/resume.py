@@ -51,19 +51,12 @@ def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, An
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
-    checkpoint folder another live run holds (training/checkpoint/dirs.py RunLock)."""
+    run directory or checkpoint folder another live run holds (training/checkpoint/dirs.py
+    RunFolders: what the ranks' `hold_run_folders` would answer)."""
     folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
-    busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
-    if busy is not None:
-        raise ConfigError(
-            [
-                (
-                    "checkpoint.save_dir",
-                    f"{busy}; wait for it to end, or give this run its own logging.run_dir "
-                    "(or checkpoint.save_dir)",
-                )
-            ]
-        )
+    busy = dirs.RunFolders(run_dir, folder).busy()
+    if busy:
+        raise ConfigError(busy)
     found = latest_state(cfg, run_dir)
     if found is None:
         return

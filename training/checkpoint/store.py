@@ -96,23 +96,12 @@ class Checkpointer:
 
             self._async_strategy = _async_strategy()
             self._async_queue = get_async_strategy(self._async_strategy)[1]["AsyncCallsQueue"]()
-        self._lock = dirs.RunLock(self.save_dir)
-        problem: list[str | None] = [None]
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            # One run per folder, before anything in it is touched: a second run would resume the
-            # first's state, delete its saves in progress and prune its checkpoints.
-            problem[0] = self._lock.acquire(_holder(cfg, run_dir))
-            if problem[0] is None:
-                # No save of this job is in flight: whatever is half-written belongs to a dead one.
-                for path in dirs.clean_stale(self.save_dir):
-                    print(f"checkpoint: removed incomplete {path}", flush=True)
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0] is not None:
-            raise dirs.FolderInUse(
-                f"checkpoint.save_dir: {problem[0]}; wait for it to end, or give this run its own "
-                "logging.run_dir (or checkpoint.save_dir)"
-            )
+            # No save of this job is in flight, and no other run's (the folder is this run's:
+            # `hold_run_folders`): whatever is half-written belongs to a dead one.
+            for path in dirs.clean_stale(self.save_dir):
+                print(f"checkpoint: removed incomplete {path}", flush=True)
 
     # --- resume -------------------------------------------------------------------------------
     def resume(self) -> Path | None:
@@ -283,7 +272,7 @@ class Checkpointer:
         self.close()
 
     def close(self, abort: bool = False) -> None:
-        """Finish any asynchronous save; end the writer's helper process; free the folder.
+        """Finish any asynchronous save; end the writer's helper process.
 
         `abort`: the run failed; an asynchronous save in flight is not awaited (finishing it is a
         collective that the other ranks may never join) and is never published."""
@@ -291,7 +280,6 @@ class Checkpointer:
             self._async_queue.close(abort=abort)
             self._async_queue = None
         checkpoint_helpers.stop()
-        self._lock.release()
 
     @property
     def step(self) -> int:
@@ -397,6 +385,23 @@ class Checkpointer:
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def hold_run_folders(cfg: TrainingConfig, run_dir: Path) -> dirs.RunFolders:
+    """The run directory and the checkpoint folder, locked for this run (every rank calls this,
+    once the process group exists, before anything is written into either); release() frees them.
+
+    Global rank 0 takes the locks and every rank gets its answer: FolderInUse, with the message the
+    launcher's check gives (launchers/resume.py), when another live run holds either folder.
+    """
+    folders = dirs.RunFolders(run_dir, paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir))
+    problems: list[list[tuple[str, str]]] = [[]]
+    if dist.get_rank() == 0:
+        problems[0] = folders.acquire(_holder(cfg, run_dir))
+    dist.broadcast_object_list(problems, src=0)
+    if problems[0]:
+        raise dirs.FolderInUse("; ".join(f"{field}: {why}" for field, why in problems[0]))
+    return folders
 
 
 def _holder(cfg: TrainingConfig, run_dir: Path) -> dict[str, Any]:
