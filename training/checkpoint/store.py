@@ -53,7 +53,8 @@ from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
 from config.layout import layout_changes
 from config.schema import TrainingConfig
-from training.checkpoint import dirs, hf_weights
+from config.tree import ConfigError
+from training.checkpoint import dirs, hf_weights, lora_base
 from training.checkpoint import helpers as checkpoint_helpers
 from training.checkpoint import state as ckpt_state
 
@@ -89,6 +90,7 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
         self.resumed: dict[str, Any] | None = None  # what resume() loaded and passed over
+        self._base: dict[str, Any] | None = None  # a LoRA run's record of its base (`_base_record`)
         self._async_queue = None
         self._async_strategy = "mcore"
         if ckpt.async_save and device == "cuda":
@@ -126,6 +128,7 @@ class Checkpointer:
         self._say(*notes)
         if not candidates:
             if self.cfg.checkpoint.pretrained_dir:
+                self._base_record()  # what this LoRA run's checkpoints will say its base was
                 self._load_pretrained(Path(self.cfg.checkpoint.pretrained_dir))
             return None
         rejected = []
@@ -134,6 +137,7 @@ class Checkpointer:
             if problem is None:
                 saved = dirs.read_state(path)  # as written: the manifest verified it
                 ckpt_state.check_compatible(self.cfg, path, saved)  # a setting, not damage: raise
+                self._check_base(path, saved)  # so is another base under the adapters
                 problem = self._agree(self._try(self._load, path, saved))
             if problem is None:
                 break
@@ -220,6 +224,40 @@ class Checkpointer:
         if self.rank == 0:
             for line in lines:
                 print(line, flush=True)
+
+    def _base_record(self) -> dict[str, Any] | None:
+        """What a LoRA run's base is (training/checkpoint/lora_base.py): its files, described by
+        the ranks, each a share of them; once per run. None without adapters, or without a base
+        to describe (the load says why)."""
+        if self._base is not None or not lora_base.applies(self.cfg):
+            return self._base
+        folder = lora_base.base_folder(paths.expand(self.cfg.checkpoint.pretrained_dir or ""))
+        if folder is None:
+            return None
+        try:
+            names = lora_base.base_files(folder)
+        except (OSError, ValueError):
+            return None  # no manifest, no headers: loading the base reports it
+        world = dist.get_world_size()
+        shares: list[dict[str, Any]] = [{}] * world
+        mine = lora_base.describe(folder, names[self.rank :: world], whole=True)
+        dist.all_gather_object(shares, mine)
+        files = {name: entry for share in shares for name, entry in share.items()}
+        self._base = lora_base.record(folder, files)
+        return self._base
+
+    def _check_base(self, path: Path, saved: dict[str, Any]) -> None:
+        """ConfigError, before anything is loaded, when a LoRA checkpoint's base has changed:
+        the message launchers/resume.py gives where it can tell before launch."""
+        if not lora_base.applies(self.cfg):
+            return
+        now = self._base_record()
+        before = saved.get(lora_base.RECORD)
+        if now is None or before is None:
+            return  # a checkpoint that records no base: nothing to compare it with
+        problem = lora_base.problem(before, Path(now["folder"]), now["files"], path)
+        if problem is not None:
+            raise ConfigError([problem])
 
     def _load_pretrained(self, folder: Path, resuming: bool = False) -> None:
         """Model weights only: from a Hugging Face folder (each rank reads its slices), or from a
@@ -321,7 +359,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         dist.barrier()
         states = {name: obj.state_dict() for name, obj in self.states.items()}
-        info = ckpt_state.train_state(self.cfg, states)
+        info = ckpt_state.train_state(self.cfg, states, self._base_record())
         ckpt_state.sync_params_for_save(self.model)
         # A writer helper that outlives the exit signals.
         checkpoint_helpers.results_queue(self._async_strategy)
