@@ -124,10 +124,11 @@ def problem(
         return None
     shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
     count = "1 of its files differs" if len(files) == 1 else f"{len(files)} of its files differ"
+    then = f" (in {saved['folder']})" if saved["folder"] != str(folder) else ""
     return (
         FIELD,
-        f"{folder} is not the base the LoRA adapters in {checkpoint} were trained on "
-        f"({saved['folder']} then): {count}: {shown}. Adapters fit only the base they were "
-        f"trained with: point {FIELD} at that base (restore it, or a copy), or train new adapters "
-        "in a new logging.run_dir (or checkpoint.save_dir)",
+        f"{folder} is not the base the LoRA adapters in {checkpoint} were trained on{then}: "
+        f"{count}: {shown}. Adapters fit only the base they were trained with: point {FIELD} at "
+        "that base (restore it, or a copy), or train new adapters in a new logging.run_dir (or "
+        "checkpoint.save_dir)",
     )
