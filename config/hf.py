@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from config.registry import HF_FAMILIES, HfFamily, load
+from config.registry import HF_FAMILIES, HF_UNREAD, HfFamily, load
 from config.schema import ModelConfig, VisionConfig
 
 CONFIG_FILE = "config.json"
@@ -217,9 +217,24 @@ def model_from_hf(
     if names is None:
         names = set(safetensors_tensors(folder)) if is_hf_folder(folder) else set()
     model: ModelConfig = load(f"{entry.module}:to_model")(hf, names)
+    unread = load(HF_UNREAD)(hf, Path(folder), model, names)
+    if unread:
+        raise ValueError(unread_message(folder, entry.name, unread))
     if seq_length is not None:
         model.seq_length = seq_length
     return model
+
+
+def unread_message(folder: str | Path, architecture: str, unread: list[str], shown: int = 5) -> str:
+    """Why a folder with tensors its family's map does not read is refused, naming the first few."""
+    listed = ", ".join(unread[:shown]) + (", ..." if len(unread) > shown else "")
+    return (
+        f"{folder} holds {len(unread)} tensors that the {architecture} map neither reads nor knows "
+        f"to skip ({listed}): an import, a run or an export would drop them. Its {CONFIG_FILE} "
+        f"says {architecture}, but these weights are not all that: if they are another family's "
+        "(a Qwen2 folder has q/k/v biases that Llama lacks), correct `architectures` there to "
+        f"that family, one of {', '.join(HF_FAMILIES)}, or take a folder of a supported one"
+    )
 
 
 def _effective(model: ModelConfig, name: str) -> Any:

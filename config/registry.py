@@ -165,13 +165,20 @@ class HfFamily:
     Megatron key -> how it is made of Hugging Face tensors (models/hf/mapping.py), `names` being the
     folder's tensor names when there is a folder (they pick among spellings of one family's names,
     as llava-hf has several), else None; `matches(model)` -> True
-    when an export of `model` without an origin should take this family.
+    when an export of `model` without an origin should take this family. Optional:
+    `skipped(model, name)` -> True for a tensor of a folder that the map leaves out on purpose (see
+    `HF_UNREAD`).
     """
 
     name: str
     module: str
     summary: str
 
+
+# "module:function" of the check every Hugging Face folder's tensors pass, whatever its family:
+# unread_tensors(config.json, folder, model, tensor names) -> the names its map neither reads nor
+# knows to skip (config/hf.py `model_from_hf` refuses a folder with any).
+HF_UNREAD = "models.hf:unread_tensors"
 
 # One entry per supported Hugging Face architecture; a family to come is its module plus a line.
 HF_FAMILIES: dict[str, HfFamily] = _by_name(

@@ -9,7 +9,9 @@ effect on resume, and would fail on every rank after start-up (or, worse, not at
   parameter groups by these values (a changed lr is a KeyError on every rank);
 - the parallel layout its optimizer state cannot be resharded across, and Megatron-FSDP on or off:
   config/layout.py `layout_problems`, which every rank's resume asks too;
-- `train.max_steps` at or below the checkpoint's step: nothing left to train.
+- `train.max_steps` at or below the checkpoint's step: nothing left to train;
+- a LoRA checkpoint's base (checkpoint.pretrained_dir) changed, as far as can be told without
+  reading its weights (training/checkpoint/lora_base.py).
 
 These are refused here, each naming the field, the checkpoint's value, the new one and the fix.
 What can change does: the LR schedule (warmup, decay, `train.max_steps` above the step) follows
@@ -27,7 +29,7 @@ from config import paths
 from config.layout import FSDP_SHARDING, layout_problems, resume_sharding
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
-from training.checkpoint import dirs
+from training.checkpoint import dirs, lora_base
 
 # Fields that cannot change on resume (a prefix ends with "."), and why.
 FIXED = {
@@ -67,19 +69,12 @@ def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, An
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
     """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
-    checkpoint folder another live run holds (training/checkpoint/dirs.py RunLock)."""
+    run directory or checkpoint folder another live run holds (training/checkpoint/dirs.py
+    RunFolders: what the ranks' `hold_run_folders` would answer)."""
     folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
-    busy = dirs.RunLock(folder).holder() if folder.is_dir() else None
-    if busy is not None:
-        raise ConfigError(
-            [
-                (
-                    "checkpoint.save_dir",
-                    f"{busy}; wait for it to end, or give this run its own logging.run_dir "
-                    "(or checkpoint.save_dir)",
-                )
-            ]
-        )
+    busy = dirs.RunFolders(run_dir, folder).busy()
+    if busy:
+        raise ConfigError(busy)
     found = latest_state(cfg, run_dir)
     if found is None:
         return
@@ -107,6 +102,7 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
         )
     # The parallel layout: the same answer every rank's resume gets (training/checkpoint/store.py).
     problems += [(p.field, p.message) for p in layout_problems(state, cfg, str(path))]
+    problems += base_problems(cfg, path, state)
     saved = state.get("config")
     sharding = resume_sharding(state, cfg)
     if saved is not None:
@@ -129,3 +125,21 @@ def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
                 )
     if problems:
         raise ConfigError(problems)
+
+
+def base_problems(cfg: TrainingConfig, path: Path, state: dict[str, Any]) -> list[tuple[str, str]]:
+    """A LoRA checkpoint's base, changed in what can be told without reading its weights (their
+    names, sizes and headers, the small files, a checkpoint's manifest): the ranks' message
+    (training/checkpoint/store.py `_check_base`), which also compares the weights' bytes."""
+    saved = state.get(lora_base.RECORD)
+    if not lora_base.applies(cfg) or not saved:
+        return []
+    folder = lora_base.base_folder(paths.expand(cfg.checkpoint.pretrained_dir or ""))
+    if folder is None:
+        return []  # not here (a path the ranks see elsewhere): the ranks compare it
+    try:
+        now = lora_base.describe(folder, lora_base.base_files(folder), whole=False)
+    except (OSError, ValueError):
+        return []  # unreadable: loading it on the ranks says why
+    found = lora_base.problem(saved, folder.resolve(), now, path)
+    return [found] if found else []

@@ -73,27 +73,29 @@ def pretrain(
     # stamps it.
     run_dir = paths.run_dir_for(config, os.environ.get("TORCHELASTIC_RUN_ID", "local"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if launch_from_env().rank == 0:
-        paths.write_run_config(config, run_dir)
 
     if device == "cpu":
         from training import cpu_mode
 
         cpu_mode.import_megatron_core()  # before the engine's imports: see there
     from training import distributed
-    from training.checkpoint.store import Checkpointer
+    from training.checkpoint.store import Checkpointer, hold_run_folders
     from training.engine import Trainer
     from training.resilience.stop import StopPolicy
     from training.resilience.watchdog import watchdog_for
 
     # What exists before this run (a caller's default group) stays; whatever it builds goes.
     groups_before = distributed.process_groups()
-    trainer = checkpoints = stop = None
+    trainer = checkpoints = stop = folders = None
     failed = False
     # From before the rendezvous: a start-up that hangs is a hang too.
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
         distributed.init_process_group(launch_from_env(), device, store=store)
+        # One run per run directory and checkpoint folder, before anything is written into them.
+        folders = hold_run_folders(config, run_dir)
+        if launch_from_env().rank == 0:
+            paths.write_run_config(config, run_dir)
         # MFU against the peak the planner predicts it against; none on the CPU (a peak of 0).
         peak, _ = gemm_peak(config, cluster, derived)
         trainer = Trainer(config, derived, device, run_dir, peak or None)
@@ -126,7 +128,9 @@ def pretrain(
             checkpoints.close(abort=failed)
         if trainer is not None:
             trainer.close()
-        trainer = checkpoints = stop = None
+        if folders is not None:
+            folders.release()
+        trainer = checkpoints = stop = folders = None
         distributed.destroy(keep=groups_before)
         # A destroyed group keeps its threads (gloo's workers, NCCL's watchdog) until the object
         # is freed, and the model that refers to it is held in reference cycles (module <->

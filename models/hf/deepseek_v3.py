@@ -296,3 +296,15 @@ def weights(
         out |= mla(model, f"{m}.transformer_layer", h)
         out |= moe(model, f"{m}.transformer_layer", h)
     return out
+
+
+def skipped(model: ModelConfig, name: str) -> bool:
+    """The copies of the embedding and output layer in each MTP layer (`embed_tokens`,
+    `shared_head.head`): Megatron-Core's MTP uses the main ones, so they are not read (an import
+    keeps them aside for the export)."""
+    layers = range(model.num_layers, model.num_layers + (model.mtp_num_layers or 0))
+    return any(
+        name
+        in (f"model.layers.{i}.embed_tokens.weight", f"model.layers.{i}.shared_head.head.weight")
+        for i in layers
+    )

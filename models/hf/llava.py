@@ -37,6 +37,7 @@ also what an export writes).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -327,3 +328,19 @@ def weights(
                 f"{s.projector}.{hf_linear}.{kind}"
             )
     return out
+
+
+# A tensor of CLIP's that LLaVA never runs, in any spelling of `spelling`: its post-layernorm, or
+# a layer (group 1: its number) that is one only past the feature layer.
+CLIP_UNUSED = re.compile(
+    r"(?:model\.)?vision_tower(?:\.vision_model)?\.(?:post_layernorm|encoder\.layers\.(\d+))\..*"
+)
+
+
+def skipped(model: ModelConfig, name: str) -> bool:
+    """CLIP's layers after the feature layer and its post-layernorm (see the module docstring;
+    an import keeps them aside for the export)."""
+    match = CLIP_UNUSED.fullmatch(name)
+    if match is None or model.vision is None:
+        return False
+    return match[1] is None or int(match[1]) >= model.vision.num_layers

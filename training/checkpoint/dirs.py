@@ -321,11 +321,11 @@ LOCK_FILE = ".run.lock"
 
 
 class FolderInUse(RuntimeError):
-    """Another live run holds the checkpoint folder."""
+    """Another live run holds the run directory or the checkpoint folder."""
 
 
 class RunLock:
-    """One run per checkpoint folder: a POSIX record lock (fcntl.lockf) on save_dir/.run.lock.
+    """One run per folder: a POSIX record lock (fcntl.lockf) on folder/.run.lock.
 
     The kernel drops the lock when its holder dies, however it dies, so a crashed run never leaves
     the folder locked; lockf's record locks also work across the nodes of an NFS or Lustre mount
@@ -374,3 +374,57 @@ class RunLock:
             fcntl.lockf(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+class RunFolders:
+    """The folders a run writes into, each held with a RunLock for as long as it runs: its run
+    directory (config.yaml, metrics.jsonl, TensorBoard, W&B's id) and its checkpoint folder.
+
+    A second run in either would overwrite the first's config and cut its metrics back to its own
+    steps, or resume the first's state, delete its saves in progress and prune its checkpoints.
+    The launcher asks `busy` before launch (exit 2) and the ranks `acquire` before they write
+    anything; both answer with the same (field, message) pairs. One folder that is both (save_dir
+    set to the run directory) has one lock: a process that opened the same lock file twice would
+    lose its lock on closing either handle.
+    """
+
+    def __init__(self, run_dir: Path, save_dir: Path) -> None:
+        self.locks: dict[str, RunLock] = {}
+        seen: set[str] = set()
+        for field, folder in (("logging.run_dir", run_dir), ("checkpoint.save_dir", save_dir)):
+            real = os.path.realpath(folder)
+            if real not in seen:
+                seen.add(real)
+                self.locks[field] = RunLock(Path(folder))
+
+    @staticmethod
+    def _refusal(field: str, problem: str) -> tuple[str, str]:
+        other = " (or checkpoint.save_dir)" if field == "checkpoint.save_dir" else ""
+        fix = f"wait for it to end, or give this run its own logging.run_dir{other}"
+        return field, f"{problem}; {fix}"
+
+    def acquire(self, holder: dict[str, Any]) -> list[tuple[str, str]]:
+        """Make the folders and take their locks: [] when this run holds them all now, else
+        (field, why and the fix) for each folder another live run holds, and none is kept."""
+        problems = []
+        for field, lock in self.locks.items():
+            lock.path.parent.mkdir(parents=True, exist_ok=True)
+            problem = lock.acquire(holder)
+            if problem is not None:
+                problems.append(self._refusal(field, problem))
+        if problems:
+            self.release()
+        return problems
+
+    def busy(self) -> list[tuple[str, str]]:
+        """`acquire`'s answer without keeping a lock or making a folder (the launch check)."""
+        found = []
+        for field, lock in self.locks.items():
+            problem = lock.holder() if lock.path.parent.is_dir() else None
+            if problem is not None:
+                found.append(self._refusal(field, problem))
+        return found
+
+    def release(self) -> None:
+        for lock in self.locks.values():
+            lock.release()

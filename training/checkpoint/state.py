@@ -7,7 +7,8 @@
   reshards over data parallelism only: the layout config/layout.py names must stay the same
   across a resume).
 - `train_state.json` (written by rank 0): step, consumed samples (the data position), the LR
-  schedule's state, the config's name and hash, the parallel layout, the sharding type.
+  schedule's state, the config's name and hash, the parallel layout, the sharding type; a LoRA
+  run's record of its base's files (training/checkpoint/lora_base.py).
 - `rng/rank_XXXXX.pt`: each rank's RNG states (python, numpy, torch, CUDA, Megatron's tracker),
   as tensors, ints and strings only.
 - `data/rank_XXXXX.pt`: each rank's batch source (its `state_dict()`): for Energon its savable
@@ -46,6 +47,7 @@ from config.layout import layout_problems, resume_layout
 from config.lora import is_adapter
 from config.schema import TrainingConfig
 from config.tree import ConfigError, to_dict
+from training.checkpoint import lora_base
 from training.checkpoint.dirs import FSDP_SHARDING
 
 FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
@@ -64,8 +66,11 @@ def layout(cfg: TrainingConfig) -> dict[str, Any]:
     return {field.rsplit(".", 1)[-1]: value for field, value in resume_layout(cfg).items()}
 
 
-def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
-    """The JSON part of a checkpoint, from the `state_dict()` of each of `STATES`."""
+def train_state(
+    cfg: TrainingConfig, states: dict[str, Any], base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON part of a checkpoint, from the `state_dict()` of each of `STATES`; `base`: a LoRA
+    run's record of its base (training/checkpoint/lora_base.py)."""
     return {
         "format_version": FORMAT_VERSION,
         "step": states["train"]["step"],
@@ -88,6 +93,8 @@ def train_state(cfg: TrainingConfig, states: dict[str, Any]) -> dict[str, Any]:
         "hf_origin": hf_origin(cfg),
         # A LoRA run's checkpoint holds adapters only: their settings, for `recipes export`.
         "peft": to_dict(cfg.peft) if cfg.peft.scheme != "none" else None,
+        # ... and the files of the base they were trained on: a resume on another is refused.
+        lora_base.RECORD: base,
         # The whole config: a resume names what changed (launchers/resume.py, the engine).
         "config": to_dict(cfg),
     }

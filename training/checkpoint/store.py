@@ -52,7 +52,8 @@ from config.finalize import padded_vocab_size
 from config.hf import is_hf_folder
 from config.layout import layout_changes
 from config.schema import TrainingConfig
-from training.checkpoint import dirs, hf_weights
+from config.tree import ConfigError
+from training.checkpoint import dirs, hf_weights, lora_base
 from training.checkpoint import helpers as checkpoint_helpers
 from training.checkpoint import state as ckpt_state
 
@@ -88,6 +89,7 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.last_saved_step: int | None = None
         self.resumed: dict[str, Any] | None = None  # what resume() loaded and passed over
+        self._base: dict[str, Any] | None = None  # a LoRA run's record of its base (`_base_record`)
         self._async_queue = None
         self._async_strategy = "mcore"
         if ckpt.async_save and device == "cuda":
@@ -95,23 +97,12 @@ class Checkpointer:
 
             self._async_strategy = _async_strategy()
             self._async_queue = get_async_strategy(self._async_strategy)[1]["AsyncCallsQueue"]()
-        self._lock = dirs.RunLock(self.save_dir)
-        problem: list[str | None] = [None]
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            # One run per folder, before anything in it is touched: a second run would resume the
-            # first's state, delete its saves in progress and prune its checkpoints.
-            problem[0] = self._lock.acquire(_holder(cfg, run_dir))
-            if problem[0] is None:
-                # No save of this job is in flight: whatever is half-written belongs to a dead one.
-                for path in dirs.clean_stale(self.save_dir):
-                    print(f"checkpoint: removed incomplete {path}", flush=True)
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0] is not None:
-            raise dirs.FolderInUse(
-                f"checkpoint.save_dir: {problem[0]}; wait for it to end, or give this run its own "
-                "logging.run_dir (or checkpoint.save_dir)"
-            )
+            # No save of this job is in flight, and no other run's (the folder is this run's:
+            # `hold_run_folders`): whatever is half-written belongs to a dead one.
+            for path in dirs.clean_stale(self.save_dir):
+                print(f"checkpoint: removed incomplete {path}", flush=True)
 
     # --- resume -------------------------------------------------------------------------------
     def resume(self) -> Path | None:
@@ -136,6 +127,7 @@ class Checkpointer:
         self._say(*notes)
         if not candidates:
             if self.cfg.checkpoint.pretrained_dir:
+                self._base_record()  # what this LoRA run's checkpoints will say its base was
                 self._load_pretrained(Path(self.cfg.checkpoint.pretrained_dir))
             return None
         rejected = []
@@ -144,6 +136,7 @@ class Checkpointer:
             if problem is None:
                 saved = dirs.read_state(path)  # as written: the manifest verified it
                 ckpt_state.check_compatible(self.cfg, path, saved)  # a setting, not damage: raise
+                self._check_base(path, saved)  # so is another base under the adapters
                 problem = self._agree(self._try(self._load, path, saved))
             if problem is None:
                 break
@@ -235,6 +228,40 @@ class Checkpointer:
             for line in lines:
                 print(line, flush=True)
 
+    def _base_record(self) -> dict[str, Any] | None:
+        """What a LoRA run's base is (training/checkpoint/lora_base.py): its files, described by
+        the ranks, each a share of them; once per run. None without adapters, or without a base
+        to describe (the load says why)."""
+        if self._base is not None or not lora_base.applies(self.cfg):
+            return self._base
+        folder = lora_base.base_folder(paths.expand(self.cfg.checkpoint.pretrained_dir or ""))
+        if folder is None:
+            return None
+        try:
+            names = lora_base.base_files(folder)
+        except (OSError, ValueError):
+            return None  # no manifest, no headers: loading the base reports it
+        world = dist.get_world_size()
+        shares: list[dict[str, Any]] = [{}] * world
+        mine = lora_base.describe(folder, names[self.rank :: world], whole=True)
+        dist.all_gather_object(shares, mine)
+        files = {name: entry for share in shares for name, entry in share.items()}
+        self._base = lora_base.record(folder, files)
+        return self._base
+
+    def _check_base(self, path: Path, saved: dict[str, Any]) -> None:
+        """ConfigError, before anything is loaded, when a LoRA checkpoint's base has changed:
+        the message launchers/resume.py gives where it can tell before launch."""
+        if not lora_base.applies(self.cfg):
+            return
+        now = self._base_record()
+        before = saved.get(lora_base.RECORD)
+        if now is None or before is None:
+            return  # a checkpoint that records no base: nothing to compare it with
+        problem = lora_base.problem(before, Path(now["folder"]), now["files"], path)
+        if problem is not None:
+            raise ConfigError([problem])
+
     def _load_pretrained(self, folder: Path, resuming: bool = False) -> None:
         """Model weights only: from a Hugging Face folder (each rank reads its slices), or from a
         complete checkpoint (or the latest of a folder of them)."""
@@ -286,7 +313,7 @@ class Checkpointer:
         self.close()
 
     def close(self, abort: bool = False) -> None:
-        """Finish any asynchronous save; end the writer's helper process; free the folder.
+        """Finish any asynchronous save; end the writer's helper process.
 
         `abort`: the run failed; an asynchronous save in flight is not awaited (finishing it is a
         collective that the other ranks may never join) and is never published."""
@@ -294,7 +321,6 @@ class Checkpointer:
             self._async_queue.close(abort=abort)
             self._async_queue = None
         checkpoint_helpers.stop()
-        self._lock.release()
 
     @property
     def step(self) -> int:
@@ -333,7 +359,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         dist.barrier()
         states = {name: obj.state_dict() for name, obj in self.states.items()}
-        info = ckpt_state.train_state(self.cfg, states)
+        info = ckpt_state.train_state(self.cfg, states, self._base_record())
         ckpt_state.sync_params_for_save(self.model)
         # A writer helper that outlives the exit signals.
         checkpoint_helpers.results_queue(self._async_strategy)
@@ -394,6 +420,23 @@ class Checkpointer:
         base = TorchDistSaveShardedStrategy(thread_count=2 if self.device == "cuda" else 1)
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         return FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
+
+
+def hold_run_folders(cfg: TrainingConfig, run_dir: Path) -> dirs.RunFolders:
+    """The run directory and the checkpoint folder, locked for this run (every rank calls this,
+    once the process group exists, before anything is written into either); release() frees them.
+
+    Global rank 0 takes the locks and every rank gets its answer: FolderInUse, with the message the
+    launcher's check gives (launchers/resume.py), when another live run holds either folder.
+    """
+    folders = dirs.RunFolders(run_dir, paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir))
+    problems: list[list[tuple[str, str]]] = [[]]
+    if dist.get_rank() == 0:
+        problems[0] = folders.acquire(_holder(cfg, run_dir))
+    dist.broadcast_object_list(problems, src=0)
+    if problems[0]:
+        raise dirs.FolderInUse("; ".join(f"{field}: {why}" for field, why in problems[0]))
+    return folders
 
 
 def _holder(cfg: TrainingConfig, run_dir: Path) -> dict[str, Any]:

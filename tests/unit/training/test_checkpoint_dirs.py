@@ -179,3 +179,16 @@ def test_a_repeated_signal_is_the_same_request() -> None:
         assert flags.received == signal.SIGTERM
     finally:
         flags.restore()
+
+
+def test_a_run_whose_checkpoint_folder_is_its_run_directory_holds_one_lock(tmp_path: Path) -> None:
+    """Two handles on one lock file in one process: closing either would drop the lock."""
+    run = tmp_path / "run"
+    assert list(dirs.RunFolders(run, run / "checkpoints").locks) == [
+        "logging.run_dir",
+        "checkpoint.save_dir",
+    ]
+    folders = dirs.RunFolders(run, tmp_path / "." / "run")
+    assert list(folders.locks) == ["logging.run_dir"]
+    assert folders.acquire({"pid": 1}) == []
+    folders.release()

@@ -337,6 +337,87 @@ def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(
     check_resume(tiny(tmp_path, max_steps=4), tmp_path)
 
 
+# A run in a child process that stops inside its step 2 until a line comes on its stdin.
+STOPS_AT_STEP_2 = """
+import sys
+from pathlib import Path
+from tests.unit.training.test_engine import tiny
+from training.entry import pretrain
+
+class Wait:
+    def after_step(self, trainer, stopping):
+        if trainer.step == 2:
+            print("at step 2", flush=True)
+            sys.stdin.readline()
+
+    def at_end(self, trainer):
+        pass
+
+cfg = tiny(Path(sys.argv[1]), max_steps=4)
+cfg.checkpoint.save_dir = sys.argv[2]
+pretrain(cfg, hooks=[Wait()])
+"""
+
+
+def test_a_run_folder_a_live_run_holds_is_refused_before_launch_and_on_the_ranks(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """Two runs with one logging.run_dir and a checkpoint.save_dir each: while the first trains
+    (another process), the second is refused by the launcher's check and by its ranks with the same
+    message (the folder, the first's host and pid, the fix), before it writes into the folder.
+    Once the first is dead (killed: its lock file stays behind) a new run takes the folder over,
+    and a run resumed there after that one ended carries on."""
+    import socket
+    import subprocess
+    import sys
+
+    from config.tree import ConfigError
+    from launchers.resume import check_resume
+    from tests.support import children
+    from training.checkpoint.dirs import LOCK_FILE, FolderInUse
+    from training.entry import pretrain
+
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    args = [sys.executable, "-c", STOPS_AT_STEP_2, str(run_dir), str(tmp_path / "first")]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    with children.started(args, env=env, **pipes) as first:
+        for line in first.stdout:
+            if line.strip() == "at step 2":
+                break
+        else:
+            pytest.fail(f"the first run ended before its step 2 (exit {first.wait()})")
+        written = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+        assert [json.loads(r)["step"] for r in written["metrics.jsonl"].splitlines()] == [1, 2]
+        second = tiny(run_dir, max_steps=6)
+        second.checkpoint.save_dir = str(tmp_path / "second")
+        with pytest.raises(ConfigError) as before_launch:
+            check_resume(second, run_dir)
+        with pytest.raises(FolderInUse) as on_the_ranks:
+            pretrain(second)
+        problems = dict(before_launch.value.problems)
+        assert list(problems) == ["logging.run_dir"]
+        assert str(on_the_ranks.value) == f"logging.run_dir: {problems['logging.run_dir']}"
+        for part in (
+            f"{run_dir} is in use by another run",
+            f'"pid": {first.pid}',
+            f'"host": "{socket.gethostname()}"',
+            "wait for it to end, or give this run its own logging.run_dir",
+        ):
+            assert part in problems["logging.run_dir"]
+        # The first's config.yaml and metrics are as it wrote them.
+        assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == written
+        first.kill()  # dies holding the folder: the kernel drops its lock, the file stays
+        first.wait()
+    assert (run_dir / LOCK_FILE).is_file()
+    check_resume(second, run_dir)
+    pretrain(second)  # takes the folder over: no checkpoint of its own, from step 0
+    second.train.max_steps = 8
+    pretrain(second)  # the same run again, after it ended: resumes at step 6
+    rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "event" not in r] == list(range(1, 9))
+
+
 @pytest.mark.parametrize(
     ("save_dir", "run_dir"),
     [("~/ckpt", "~/run"), ("rel/ckpt", "rel/run"), (None, "~/run")],

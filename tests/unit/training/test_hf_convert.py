@@ -240,3 +240,89 @@ def test_a_full_disk_during_export_is_named_and_leaves_nothing(
     monkeypatch.setattr(ShardWriter, "write", fills_up(ShardWriter.write, 3, error))
     assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 2
     assert_named_and_gone(tmp_path / "back", capsys.readouterr().err)
+
+
+def qwen2_labelled_llama(folder: Path, layers: int = 4) -> None:
+    """A Qwen2 folder (biases on q, k and v: 3 per layer) whose config.json says Llama."""
+    config = transformers.Qwen2Config(
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
+    hf = json.loads((folder / "config.json").read_text())
+    hf["architectures"] = ["LlamaForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(hf))
+
+
+def test_a_folder_with_tensors_its_family_map_does_not_read_is_refused_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Llama map reads no q/k/v biases: `recipes import`, `model=<folder>`,
+    `checkpoint.pretrained_dir=<folder>` (before launch and on the ranks) all refuse the folder,
+    naming the first few of its 12 biases and their count, instead of dropping them."""
+    from config.rules.pretrained import pretrained_problems
+    from config.tree import ConfigError, apply_overrides
+    from models.hf import llama
+    from recipes.registry import resolve
+    from training.hf.convert import iter_tensors
+
+    folder = tmp_path / "hf"
+    qwen2_labelled_llama(folder)
+    biases = sorted(n for n, _ in iter_tensors(folder) if n.endswith("_proj.bias"))
+    assert len(biases) == 12
+    first = ", ".join(biases[:5])
+    named = (
+        f"12 tensors that the LlamaForCausalLM map neither reads nor knows to skip ({first}, ...)"
+    )
+
+    assert main(["import", str(folder), str(tmp_path / "imported")]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "imported").exists()
+
+    _, cfg = resolve("tiny_gpt_pretrain", [])
+    with pytest.raises(ConfigError) as by_model:
+        apply_overrides(cfg, [f"model={folder}"])
+    assert named in dict(by_model.value.problems)["model"]
+
+    # A model section that is the folder's as the Llama map reads it (no biases): the checker
+    # refuses the folder before launch, the ranks when they load it.
+    hf = json.loads((folder / "config.json").read_text())
+    names = {n for n, _ in iter_tensors(folder)}
+    model = llama.to_model(hf, names)
+    model.seq_length = 32
+    before_launch = pretrained_problems(model, folder, str(folder))
+    assert [p.field for p in before_launch] == ["checkpoint.pretrained_dir"]
+    assert named in before_launch[0].message
+    assert main(["check", "tiny_gpt_pretrain", f"checkpoint.pretrained_dir={folder}"]) == 2
+    assert named in capsys.readouterr().out
+
+    tiny_llama(tmp_path / "llama")
+    cfg = hf_config(tmp_path / "llama", tmp_path / "run")
+    cfg.model = model
+    cfg.checkpoint.pretrained_dir = str(folder)
+    with pytest.raises(ValueError, match="neither reads nor knows to skip") as on_the_ranks:
+        engine_from_hf(cfg, tmp_path / "run")
+    assert named in str(on_the_ranks.value)
+
+
+def test_rotary_inverse_frequencies_are_known_skips(tmp_path: Path) -> None:
+    """Older transformers saved each layer's RoPE inv_freq buffer: computed from config.json, not
+    read, and no reason to refuse a folder."""
+    from safetensors.torch import load_file, save_file
+
+    from config.hf import model_from_hf
+
+    tiny_llama(tmp_path / "hf")
+    path = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(path)
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert model_from_hf(tmp_path / "hf").num_layers == 2
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from config.hardware import Cluster
+from config.rules import derive
 from recipes.advice.check import check
 from recipes.cli import main
 from recipes.registry import resolve
@@ -149,3 +150,131 @@ def test_check_knows_an_architecture_without_dense_mlps() -> None:
         "qwen3_30b_a3b_pretrain", ["peft.scheme=lora", "peft.target_modules=linear_qkv,linear_proj"]
     )
     assert check(cfg, Cluster(2, 8, "h100")).valid
+
+
+# --- a LoRA run resumes on the base it was trained on, and on no other ----------------------------
+def lora_run(base: Path, run_dir: Path, steps: int) -> object:
+    """A LoRA run on `base` (a Hugging Face folder or a checkpoint) to `steps`, saving at the end;
+    its config."""
+    from tests.unit.models.test_hf_llama import tiny_llama
+
+    if not (run_dir.parent / "made").exists():
+        tiny_llama(run_dir.parent / "made")  # the architecture of every base here
+    cfg = lora_config(run_dir.parent / "made", run_dir, "linear_qkv,linear_fc2")
+    cfg.checkpoint.pretrained_dir = str(base)
+    cfg.train.max_steps = steps
+    cfg.precision = "bf16_mixed"  # the distributed optimizer reloads FP32 params only as copies
+    resumed(cfg, run_dir, train=True)
+    return cfg
+
+
+def resumed(cfg: object, run_dir: Path, train: bool = False) -> None:
+    """A Trainer of `cfg`, resumed (or started) by a Checkpointer as `training.pretrain` does;
+    trained to its end and saved when `train`; closed however it ends."""
+    from training.engine import Trainer
+
+    trainer = Trainer(cfg, derive(cfg, Cluster(1, 1, "cpu")), "cpu", run_dir)
+    try:
+        checkpointer = checkpointer_for(trainer, run_dir)
+        try:
+            checkpointer.resume()
+            if train:
+                trainer.train(hooks=[checkpointer])
+        finally:
+            checkpointer.close()
+    finally:
+        trainer.close()
+
+
+def changed(folder: Path, change: str) -> None:
+    """The base changed in place: one weight scaled, every weight another model's (the same names
+    and shapes), or config.json rewritten."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    if change == "one weight scaled":
+        tensors["model.layers.1.mlp.down_proj.weight"] *= 1.5
+    elif change == "another model's weights":
+        generator = torch.Generator().manual_seed(7)
+        tensors = {k: 0.02 * torch.randn(v.shape, generator=generator) for k, v in tensors.items()}
+    else:
+        hf = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(hf | {"initializer_range": 0.05}))
+        return
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    "change", ["one weight scaled", "another model's weights", "config.json rewritten"]
+)
+def test_lora_does_not_resume_on_a_changed_hugging_face_base(
+    tmp_path: Path, change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint records the base's files; a resume on a base changed in place is refused,
+    naming the file that differs, before anything is loaded. The launcher refuses before launch,
+    with the same message, what it can tell without reading big weight files: all of it for these
+    small ones; of a base whose weights are big, only a changed config.json. The unchanged base
+    resumes."""
+    from config.tree import ConfigError
+    from launchers.resume import check_resume
+    from tests.unit.models.test_hf_llama import tiny_llama
+    from training.checkpoint import lora_base
+
+    tiny_llama(tmp_path / "base")
+    cfg = lora_run(tmp_path / "base", tmp_path / "run", steps=2)
+    cfg.train.max_steps = 3
+    check_resume(cfg, tmp_path / "run")
+    resumed(cfg, tmp_path / "run")  # the unchanged base
+
+    changed(tmp_path / "base", change)
+    with pytest.raises(ConfigError) as on_the_ranks:
+        resumed(cfg, tmp_path / "run")
+    problems = dict(on_the_ranks.value.problems)
+    file = "config.json" if change == "config.json rewritten" else "model.safetensors"
+    assert list(problems) == ["checkpoint.pretrained_dir"]
+    message = problems["checkpoint.pretrained_dir"]
+    assert f"{tmp_path / 'base'} is not the base" in message
+    assert f"1 of its files differs: {file} (" in message
+    with pytest.raises(ConfigError) as before_launch:
+        check_resume(cfg, tmp_path / "run")
+    assert dict(before_launch.value.problems) == problems
+    weights = (tmp_path / "base" / "model.safetensors").stat().st_size
+    monkeypatch.setattr(lora_base, "SMALL", weights - 1)  # as if the weights were big
+    if file == "config.json":
+        with pytest.raises(ConfigError) as before_launch:
+            check_resume(cfg, tmp_path / "run")
+        assert dict(before_launch.value.problems) == problems
+    else:  # the same names, shapes and size: only the ranks, which hash the weights, can tell
+        check_resume(cfg, tmp_path / "run")
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_lora_does_not_resume_on_another_import_in_the_base_folder(tmp_path: Path) -> None:
+    """A base imported with `recipes import`: its manifest is the record (hashed once, at import).
+    Another folder imported in its place is refused before launch and on the ranks alike."""
+    import shutil
+
+    from config.tree import ConfigError
+    from launchers.resume import check_resume
+    from tests.unit.models.test_hf_llama import tiny_llama
+
+    tiny_llama(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    cfg = lora_run(tmp_path / "imported", tmp_path / "run", steps=2)
+    cfg.train.max_steps = 3
+    check_resume(cfg, tmp_path / "run")
+
+    changed(tmp_path / "hf", "one weight scaled")
+    shutil.rmtree(tmp_path / "imported")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    with pytest.raises(ConfigError) as before_launch:
+        check_resume(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError) as on_the_ranks:
+        resumed(cfg, tmp_path / "run")
+    problems = dict(on_the_ranks.value.problems)
+    assert dict(before_launch.value.problems) == problems
+    message = problems["checkpoint.pretrained_dir"]
+    assert f"{tmp_path / 'imported' / 'iter_0000000'} is not the base" in message
+    assert "__0_0.distcp (" in message
