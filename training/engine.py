@@ -111,6 +111,10 @@ class RNGState:
         set_rng_state(state)
 
 
+def _no_hook(*_: Any) -> None:
+    return None
+
+
 class Trainer:
     """One rank's model chunks, optimizer, LR schedule, batches and step counter.
 
@@ -285,7 +289,15 @@ class Trainer:
         tracker sized by this model's layers would make the next model in the same process
         (tests/smoke/run_many.py) index past its end. The rotary embeddings' forward caches
         (lru_cache on the class) go as well: they hold the module, through it the model's config
-        and DDP, and so every process group of the model, for the life of the process."""
+        and DDP, and so every process group of the model, for the life of the process.
+
+        The data-parallel wrapper's gradient hooks go too. Each refers to the wrapper, and so to
+        the whole model, and torch holds it in C++ (on a parameter's AccumulateGrad node for DDP,
+        on the parameter for Megatron-FSDP), where the garbage collector cannot see it: a
+        Megatron-FSDP hook keeps its model alive for good, a DDP hook for as long as an autograd
+        graph that reaches its node lives (an MoE token dispatcher keeps its last forward's
+        routing probabilities; the distributed optimizer's shards of fp32 parameters are views of
+        them). With the model would live its optimizer and its process groups."""
         from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
         from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
             YarnRotaryEmbedding,
@@ -294,6 +306,12 @@ class Trainer:
         from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
         self.logger.close()
+        for chunk in self.model:
+            # Megatron DDP keeps no handles: one more hook's handle is the node's, to all of them.
+            for node in getattr(chunk, "grad_accs", ()):
+                node.register_hook(_no_hook).hooks_dict_ref().clear()
+            for handle in getattr(chunk.module, "grad_acc_hooks", {}).values():  # Megatron-FSDP
+                handle.remove()
         destroy_moe_metrics_tracker()
         MTPLossLoggingHelper.tracker.clear()
         RotaryEmbedding.forward.cache_clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,9 +281,24 @@ def test_the_gradient_norm_is_logged_with_clipping_off(
     assert logged[0.0] == pytest.approx(logged[1.0], rel=1e-6)
 
 
+class WeakHold:
+    """Weak references to a run's model chunks and optimizer, taken after its first step."""
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref] = []
+
+    def after_step(self, trainer: Any, stopping: bool) -> None:
+        self.refs = self.refs or [weakref.ref(o) for o in (*trainer.model, trainer.optimizer)]
+
+    def at_end(self, trainer: Any) -> None:
+        pass
+
+
 def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path) -> None:
     """A 1-layer MoE, then a 3-layer one, through `pretrain` in one process (as run_many does):
-    Megatron-Core's per-layer loss trackers must not keep the first model's size."""
+    Megatron-Core's per-layer loss trackers must not keep the first model's size, and neither
+    model nor optimizer outlives its run (the token dispatchers keep the last forward's autograd
+    graph, which reaches DDP's hooks)."""
     from training.entry import pretrain
 
     for layers in (1, 3):
@@ -290,8 +306,10 @@ def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path
         cfg.model.num_layers = layers
         cfg.model.num_moe_experts, cfg.model.moe_router_topk = 4, 2
         cfg.model.moe_token_dispatcher_type = "allgather"  # the dispatcher the CPU runs
-        pretrain(cfg)
+        held = WeakHold()
+        pretrain(cfg, [held])
         assert len(losses(tmp_path / f"moe{layers}")) == 2
+        assert held.refs and all(ref() is None for ref in held.refs)
 
 
 # --- one answer per question: the launcher and the ranks ask the same functions ----------------
