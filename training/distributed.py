@@ -130,8 +130,13 @@ def destroy(keep: frozenset[dist.ProcessGroup] = frozenset()) -> None:
     """
     from megatron.core import parallel_state
 
+    _forget_device_meshes()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    # The data-parallel-with-CP groups under a second name, which destroy_model_parallel leaves
+    # set: they would keep the last run's two groups, and their threads, alive.
+    parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
+    parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
     if not dist.is_initialized():
         return
     if dist.group.WORLD not in keep:  # the default group goes, and every group with it
@@ -141,3 +146,22 @@ def destroy(keep: frozenset[dist.ProcessGroup] = frozenset()) -> None:
     # Newest first, on every rank in the same order (NCCL's abort was collective in some versions).
     for group in reversed(created):
         dist.destroy_process_group(group)
+
+
+def _forget_device_meshes() -> None:
+    """Empty DTensor's caches, which hold every DeviceMesh they have seen (Megatron-FSDP's), and
+    through its `_pg_registry` the mesh's process groups and their threads.
+
+    They key on the mesh, and a DeviceMesh compares equal to another over the same ranks and
+    layout whatever its process groups: the next run's DTensors would get this run's mesh back
+    from them, with groups that no longer exist ("Could not resolve the process group registered
+    under the name N" in the checkpoint's save).
+    """
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
