@@ -14,6 +14,13 @@ The ranks run this module under torchrun (`python -m tests.smoke.test_pretrain_r
 - `restart`: `training.entry.run` with resilience.inprocess_restart: RUNS attempts raise after
   their first step, the last one trains to the end, all in the same processes. Counted at the
   first step of each attempt: at attempt 2 after one run, at attempt RUNS + 1 after RUNS.
+
+`--kind` picks the model (VARIANTS): the dense GPT of every mode above or, in mode `runs` with
+KIND_RUNS runs each, a model whose run leaves more for Trainer.close to cut: an autograd graph or a
+hook that torch holds in C++, out of the garbage collector's sight, which would keep the model and
+its process groups alive. An MoE (its token dispatcher keeps the last forward's routing
+probabilities), fp32 parameters (the distributed optimizer's shards are views of them) and
+Megatron-FSDP (its gradient hooks sit on the parameters; DTensor's caches hold its device meshes).
 """
 
 from __future__ import annotations
@@ -31,14 +38,21 @@ from typing import Any
 
 import pytest
 
-from tests.smoke.conftest import BASE, REPO, _env
+from tests.smoke.conftest import BASE, MOE, REPO, _env
 from tests.support import children
 
 pytestmark = pytest.mark.smoke
 RUNS = 10
+KIND_RUNS = 3  # per model kind other than dense: as many as tell a leak from a steady count
 MARK = "threads:"
 # Small, and no decay left to check: every run (every attempt) trains from step 0.
 OVERRIDES = ["train.max_steps=1", "scheduler.warmup_steps=0", "model.num_layers=2"]
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "dense": (),
+    "moe": (*MOE, "parallel.expert_model_parallel_size=2"),
+    "fp32": ("precision=fp32",),
+    "fsdp": ("parallel.use_megatron_fsdp=true",),
+}
 
 
 # --- the rank side -------------------------------------------------------------------------------
@@ -73,12 +87,12 @@ class FailAfterFirstStep:
         pass
 
 
-def config(root: Path, name: str, *overrides: str) -> Any:
+def config(root: Path, kind: str, name: str, *overrides: str) -> Any:
     from config.schema import TrainingConfig
     from config.tree import apply_overrides, from_dict
 
     cfg = from_dict(TrainingConfig, {**BASE, "logging": {"run_dir": str(root / name)}})
-    return apply_overrides(cfg, [*OVERRIDES, *overrides])
+    return apply_overrides(cfg, [*OVERRIDES, *VARIANTS[kind], *overrides])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["runs", "errors", "restart"], required=True)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--kind", choices=list(VARIANTS), default="dense")
     args = parser.parse_args(argv)
     import torch.distributed as dist
 
@@ -98,16 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "restart":
         hook = FailAfterFirstStep(failures=args.runs)
         restarts = f"resilience.inprocess_max_restarts={args.runs}"
-        run(config(args.root, "restart", "resilience.inprocess_restart=true", restarts), [hook])
+        restartable = ("resilience.inprocess_restart=true", restarts)
+        run(config(args.root, args.kind, "restart", *restartable), [hook])
         after = {1: hook.counts[1], args.runs: hook.counts[args.runs]}
     else:
         distributed.init_process_group(launch_from_env(), "cpu")
         if args.mode == "errors":
-            pretrain(config(args.root, "normal"))
+            pretrain(config(args.root, args.kind, "normal"))
             dist.barrier()
             after["normal"] = thread_counts()
         for k in range(1, args.runs + 1):
-            cfg = config(args.root, f"run{k}")
+            cfg = config(args.root, args.kind, f"run{k}")
             if args.mode == "runs":
                 pretrain(cfg)
             else:
@@ -136,16 +152,10 @@ def counts_of(log: str) -> dict[int, dict[str, list[int]]]:
     return found
 
 
-@pytest.mark.parametrize("mode", ["runs", "errors", "restart"])
-def test_ten_runs_in_one_process_leave_as_many_threads_as_one(tmp_path: Path, mode: str) -> None:
-    if mode == "restart":
-        from launchers.inputs import inprocess_import_error
-
-        why = inprocess_import_error()
-        if why is not None:
-            pytest.skip(f"nvidia-resiliency-ext's in-process restart does not import here: {why}")
+def launch(tmp_path: Path, *args: str) -> dict[int, dict[str, list[int]]]:
+    """Each rank's counts from a two-rank launch of this module's `main` with `args`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "tests.smoke.test_pretrain_releases", "--mode", mode, "--root", str(tmp_path)]
+    cmd += ["-m", "tests.smoke.test_pretrain_releases", "--root", str(tmp_path), *args]
     done = children.run(
         cmd,
         cwd=REPO,
@@ -158,11 +168,29 @@ def test_ten_runs_in_one_process_leave_as_many_threads_as_one(tmp_path: Path, mo
     assert done.returncode == 0, done.stdout[-4000:]
     counts = counts_of(done.stdout)
     assert sorted(counts) == [0, 1], done.stdout[-4000:]
-    for rank, after in counts.items():
+    return counts
+
+
+@pytest.mark.parametrize("mode", ["runs", "errors", "restart"])
+def test_ten_runs_in_one_process_leave_as_many_threads_as_one(tmp_path: Path, mode: str) -> None:
+    if mode == "restart":
+        from launchers.inputs import inprocess_import_error
+
+        why = inprocess_import_error()
+        if why is not None:
+            pytest.skip(f"nvidia-resiliency-ext's in-process restart does not import here: {why}")
+    for rank, after in launch(tmp_path, "--mode", mode).items():
         # (Python threads, native threads): the same after ten runs as after one
         assert after[str(RUNS)] == after["1"], f"rank {rank}: {after}"
         if mode == "errors":  # and a failed run leaves what a run that ended normally left
             assert after["1"] == after["normal"], f"rank {rank}: {after}"
+
+
+@pytest.mark.parametrize("kind", [kind for kind in VARIANTS if kind != "dense"])
+def test_runs_of_each_model_kind_leave_as_many_threads_as_one(tmp_path: Path, kind: str) -> None:
+    args = ["--mode", "runs", "--kind", kind, "--runs", str(KIND_RUNS)]
+    for rank, after in launch(tmp_path, *args).items():
+        assert after[str(KIND_RUNS)] == after["1"], f"rank {rank}: {after}"
 
 
 if __name__ == "__main__":
