@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             if k in (1, args.runs):
                 after[k] = thread_counts()
         distributed.destroy()
-    print(MARK, json.dumps({"rank": rank, "after": after}), flush=True)
+    # One write of the whole line: the ranks share the launch's output, and theirs may interleave.
+    sys.stdout.write(f"{MARK} {json.dumps({'rank': rank, 'after': after})}\n")
+    sys.stdout.flush()
     return 0
 
 
