@@ -53,7 +53,8 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
         "no:cacheprovider",
         "tests/support/children_case.py",
     ]
-    env = os.environ | {UP_ENV: str(up), HOW_ENV: how}
+    # Unbuffered: a pytest that has to be killed still leaves its log to read.
+    env = os.environ | {UP_ENV: str(up), HOW_ENV: how, "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "pytest.log"
     with (
         log.open("w") as out,
@@ -66,7 +67,7 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
             # (with "fails" the inner test ends its ranks as soon as they are up, maybe already)
             assert all(alive(pid) for pid in pids)
             inner.send_signal(signum)
-        inner.wait(timeout=120)
+        inner.wait(timeout=300)  # its stop takes seconds; the bound is for a loaded machine
         left = children.leftovers(inner)  # torchrun, its ranks, their helpers: all carry its token
         running = [pid for pid in pids if alive(pid)]
     output = log.read_text()
