@@ -339,13 +339,10 @@ def small_disk(tmp_path: Path) -> Any:
     children.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
-    one_rank: None,  # noqa: F811
-    small_disk: Path,
-    tmp_path: Path,
-) -> None:
-    save_dir = small_disk / "ckpt"
-    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
+def train_into_a_full_disk(run_dir: Path, save_dir: Path) -> None:
+    """Train to step 4, whose save finds the disk full: the error names it, and the step-2
+    checkpoint stays the newest complete one."""
+    trainer, ckpt = checkpointer(run_dir, save_dir)
     try:
         with pytest.raises(OSError) as err:
             trainer.train([ckpt])
@@ -355,6 +352,15 @@ def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
     assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
     assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
     assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+
+
+def test_a_full_disk_is_named_and_the_last_checkpoint_stays(
+    one_rank: None,  # noqa: F811
+    small_disk: Path,
+    tmp_path: Path,
+) -> None:
+    save_dir = small_disk / "ckpt"
+    train_into_a_full_disk(tmp_path / "run", save_dir)
 
 
 @pytest.mark.parametrize("error", ["oserror", "torch"])
@@ -376,16 +382,7 @@ def test_a_full_disk_as_the_writers_report_it_is_named_and_the_last_checkpoint_s
 
     monkeypatch.setattr(torch, "save", save)
     save_dir = tmp_path / "ckpt"
-    trainer, ckpt = checkpointer(tmp_path / "run", save_dir)
-    try:
-        with pytest.raises(OSError) as err:
-            trainer.train([ckpt])
-    finally:
-        trainer.close()
-    text = str(err.value)
-    assert "No space left on device saving step 4 into checkpoint.save_dir=" in text
-    assert f"the newest complete checkpoint is still {save_dir / 'iter_0000002'}" in text
-    assert dirs.latest_checkpoint(save_dir) == save_dir / "iter_0000002"
+    train_into_a_full_disk(tmp_path / "run", save_dir)
 
 
 def test_a_run_that_finished_is_not_failed_by_its_last_write(
