@@ -14,12 +14,22 @@ alltoall and flex MoE dispatchers, LLaVA's sequence parallel) with what the CPU 
 from __future__ import annotations
 
 import copy
+import math
 
 from config.precision import PRESETS
-from config.schema import TrainingConfig
+from config.schema import ModelConfig, TrainingConfig
 
 HIDDEN = 64
 HEAD_DIM = 16
+
+
+def shrunk_experts(model: ModelConfig, expert_parallel: int) -> int:
+    """The experts of a shrunk MoE: two per expert-parallel rank, at least 4 (top-2 routing
+    still chooses), rounded up to a multiple of the routing groups (DeepSeek-V3's 8). Not the
+    recipe's count: 128 tiny experts on 4 CPU processes cost a shrunk DeepSeek-V3 run most of its
+    time, and its checkpoint 20,000 metadata entries."""
+    step = math.lcm(expert_parallel, model.moe_router_num_groups or 1)
+    return -(-max(4, 2 * expert_parallel) // step) * step
 
 
 def shrink(cfg: TrainingConfig) -> TrainingConfig:
@@ -41,7 +51,7 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
     model.vocab_size = 512
     model.seq_length = 64 * max(1, par.context_parallel_size)
     if model.num_moe_experts:
-        model.num_moe_experts = max(4, 2 * par.expert_model_parallel_size)
+        model.num_moe_experts = shrunk_experts(model, par.expert_model_parallel_size)
         model.moe_router_topk = min(model.moe_router_topk, 2)
         model.moe_ffn_hidden_size = 32
         model.moe_first_k_dense_layers = min(model.moe_first_k_dense_layers, 1)
@@ -123,8 +133,8 @@ def fit_to_world(cfg: TrainingConfig, world: int) -> list[str]:
     cfg.model.num_layers = (
         2 * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
     )
-    if cfg.model.num_moe_experts:
-        cfg.model.num_moe_experts = max(cfg.model.num_moe_experts, 2 * ep)
+    if cfg.model.num_moe_experts:  # sized for the recipe's EP by `shrink`: now for the fitted one
+        cfg.model.num_moe_experts = shrunk_experts(cfg.model, ep)
     return changes
 
 

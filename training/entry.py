@@ -91,6 +91,10 @@ def pretrain(
     # From before the rendezvous: a start-up that hangs is a hang too.
     watchdog = watchdog_for(config, launch_from_env().rank, run_dir)
     try:
+        # Out of the collector's walk until the run ends: the ~400,000 objects of torch,
+        # Megatron-Core and the caller, so that the collection below looks at this run's objects
+        # only (0.2 s of CPU a run otherwise, on every rank; most of a refused start's cost).
+        gc.freeze()
         distributed.init_process_group(launch_from_env(), device, store=store)
         # One run per run directory and checkpoint folder, before anything is written into them.
         folders = hold_run_folders(config, run_dir)
@@ -136,6 +140,7 @@ def pretrain(
         # is freed, and the model that refers to it is held in reference cycles (module <->
         # DDP hooks <-> config): collect them now, not whenever the next collection happens.
         gc.collect()
+        gc.unfreeze()  # what was there before is the collector's again, as it was
 
 
 def run(config: TrainingConfig, hooks: Sequence[Hook] = ()) -> None:

@@ -166,3 +166,17 @@ def test_llava_turns_sequence_parallel_off() -> None:
         "parallel only with Transformer Engine's attention)"
     ]
     assert cfg.parallel.tensor_model_parallel_size == 4
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_pretrain", "qwen3_30b_a3b_pretrain"])
+def test_the_experts_follow_the_fitted_expert_parallel_size(name: str) -> None:
+    """`shrink` sizes the experts for the recipe's EP (DeepSeek-V3: 64, so 128 experts); once the
+    layout is fitted to 4 processes there are two per expert-parallel rank again (DeepSeek-V3:
+    at least one per routing group)."""
+    cfg = shrunk(name)
+    cpu_substitutes(cfg)
+    fit_to_world(cfg, 4)
+    ep = cfg.parallel.expert_model_parallel_size
+    groups = cfg.model.moe_router_num_groups or 1
+    assert cfg.model.num_moe_experts == max(4, 2 * ep, groups) < 128
+    assert problems(cfg) == []

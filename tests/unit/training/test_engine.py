@@ -8,6 +8,7 @@ checkpointer, and a data kind added by a test (its module plus one registry entr
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -310,6 +311,7 @@ def test_runs_in_one_process_leave_nothing_behind(one_rank: None, tmp_path: Path
         pretrain(cfg, [held])
         assert len(losses(tmp_path / f"moe{layers}")) == 2
         assert held.refs and all(ref() is None for ref in held.refs)
+        assert gc.get_freeze_count() == 0  # what the run froze is the collector's again
 
 
 # --- one answer per question: the launcher and the ranks ask the same functions ----------------
@@ -530,6 +532,7 @@ def test_mfu_is_measured_against_the_peak_the_planner_predicts_with(
             cfg.precision = precision
             with pytest.raises(Built):
                 entry.pretrain(cfg)
+            assert gc.get_freeze_count() == 0  # a run that raised unfreezes too
             derived = derive(cfg, cluster)
             planned = predict(cfg, cluster, derived)
             assert handed["derived"] == derived
