@@ -481,6 +481,13 @@ def data_kind(cfg: TrainingConfig) -> Optional[DataKind]:
     return DATA_KINDS.get(cfg.data.kind)
 
 
+def masks_packed_rows(cfg: TrainingConfig) -> bool:
+    """Whether the rows hold packed samples kept apart by an explicit attention mask (SFT and chat
+    packing): the model then attends through SDPA's core attention, whatever the layers."""
+    kind = data_kind(cfg)
+    return cfg.data.sequence_packing and kind is not None and kind.masks_packed_rows
+
+
 def model_arch(cfg: TrainingConfig) -> Optional[ModelArch]:
     """The registry entry of a config's model.arch (None for an unknown one: the checker says so)."""
     return MODEL_ARCHS.get(cfg.model.arch)

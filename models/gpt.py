@@ -25,7 +25,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from config.finalize import Derived
 from config.precision import PrecisionPreset
-from config.schema import TrainingConfig, data_kind, selective_modules
+from config.schema import TrainingConfig, masks_packed_rows, selective_modules
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
@@ -191,9 +191,8 @@ def build_chunks(
     """This rank's model chunks (one per virtual pipeline stage), not yet wrapped or moved."""
     m = cfg.model
     backend = choose_backend(device, cfg.peft.scheme != "none")
-    kind = data_kind(cfg)
     # Packed rows attend within their segments only: an explicit block-diagonal mask.
-    masked = cfg.data.sequence_packing and kind is not None and kind.masks_packed_rows
+    masked = masks_packed_rows(cfg)
     num_chunks = chunks_per_rank(cfg, derived)
     chunks = []
     for vp_stage in range(num_chunks):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from config.finalize import Derived
+from config.finalize import Partial
 from config.schema import TrainingConfig
 from training.ranks import Launch
 
@@ -80,8 +80,15 @@ def set_collective_timeout(timeout: timedelta) -> None:
         group.set_timeout(timeout)
 
 
-def init_model_parallel(cfg: TrainingConfig, derived: Derived, num_chunks: int) -> None:
-    """Megatron-Core's TP / PP (with virtual stages) / CP / EP / ETP / DP groups."""
+def init_model_parallel(
+    cfg: TrainingConfig, derived: Partial, num_chunks: int, *, gloo: bool = True
+) -> None:
+    """Megatron-Core's TP / PP (with virtual stages) / CP / EP / ETP / DP groups.
+
+    A `Partial` will do (a `Derived` is one): only its expert_tensor_parallel_size is read.
+
+    `gloo`: Megatron-Core's gloo copies of the data-parallel groups too. Without them for torch's
+    fake process group (which gloo cannot connect over), where a model is built and never run."""
     from megatron.core import parallel_state
 
     par = cfg.parallel
@@ -92,6 +99,7 @@ def init_model_parallel(cfg: TrainingConfig, derived: Derived, num_chunks: int) 
         context_parallel_size=par.context_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=derived.expert_tensor_parallel_size,
+        create_gloo_process_groups=gloo,
     )
 
 

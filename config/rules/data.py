@@ -13,7 +13,7 @@ from config.hardware import Cluster
 from config.hf import read_json, tokenizer_size
 from config.problems import Problem
 from config.registry import DATA_KINDS
-from config.schema import TrainingConfig, data_kind, model_arch
+from config.schema import TrainingConfig, data_kind, masks_packed_rows, model_arch
 from config.tree import ConfigError
 
 
@@ -51,7 +51,7 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     cp = cfg.parallel.context_parallel_size
-    if data.sequence_packing and kind.masks_packed_rows and cp > 1:
+    if masks_packed_rows(cfg) and cp > 1:
         out.append(
             Problem(
                 "data.sequence_packing",

@@ -36,8 +36,13 @@ def moe(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     if not 1 <= model.moe_router_topk <= experts:
+        # TopKRouter's torch.topk over the experts' scores fails in the first step.
         out.append(
-            Problem("model.moe_router_topk", f"must be between 1 and num_moe_experts={experts}")
+            Problem(
+                "model.moe_router_topk",
+                f"is {model.moe_router_topk}, but each token picks its top k of "
+                f"model.num_moe_experts={experts} experts; use a top k from 1 to {experts}",
+            )
         )
     out += _layers(cfg) + _widths(cfg, etp) + _router(cfg) + _dispatcher(cfg, ep, etp)
     return out + _shared_overlap(cfg)
@@ -47,13 +52,21 @@ def _layers(cfg: TrainingConfig) -> list[Problem]:
     """Dense layers first, the rest MoE; and MoE layers want sequence parallel under TP."""
     model, par = cfg.model, cfg.parallel
     tp, out = par.tensor_model_parallel_size, []
-    if model.moe_first_k_dense_layers > model.num_layers:
-        # Megatron-Core's layer specs assert len(moe_layer_freq) == num_layers.
+    if model.moe_first_k_dense_layers >= model.num_layers:
+        # Above num_layers, Megatron-Core's layer specs assert len(moe_layer_freq) == num_layers.
+        # At num_layers, stricter than Megatron-Core, which builds a dense model and ignores every
+        # MoE field; the MoE rules here would judge layers that do not exist.
+        why = (
+            "every layer would be dense and no layer would use the experts"
+            if model.moe_first_k_dense_layers == model.num_layers
+            else "more dense layers than the model has"
+        )
         out.append(
             Problem(
                 "model.moe_first_k_dense_layers",
-                f"is {model.moe_first_k_dense_layers} but the model has only "
-                f"model.num_layers={model.num_layers}; use at most {model.num_layers - 1}",
+                f"is {model.moe_first_k_dense_layers} with model.num_layers={model.num_layers}: "
+                f"{why}; use at most {model.num_layers - 1}, or unset model.num_moe_experts "
+                "for a dense model",
             )
         )
     if tp > 1 and not par.sequence_parallel:

@@ -1,8 +1,9 @@
 """The checker against Megatron-Core's own constructors, rule by rule.
 
-Each config is built by Megatron-Core as rank 0 of its world, on torch's fake process group and the
-meta device (tests/support/megatron_build.py: the engine's `transformer_config`, the
-architecture's builder, LoRA's adapters), and the checker must give Megatron-Core's verdict. Where
+Each config is built by Megatron-Core on every pipeline stage of its world, on torch's fake process
+group and the meta device (tests/support/megatron_build.py: the engine's parallel state and
+`transformer_config`, the architecture's builder, LoRA's adapters), and the checker must give
+Megatron-Core's verdict, also where only a later stage builds what Megatron-Core refuses. Where
 Megatron-Core refuses only in the first training step, the test runs the Megatron-Core function
 that refuses (LLaVA's sequence padding). The MoE rules that Megatron-Core applies when it builds
 (shared experts' biases, group-limited routing, the alltoall overlap's recompute) are held in the
@@ -12,6 +13,7 @@ sampled oracle, tests/unit/config/test_rules_moe_oracle.py, which builds every c
 from __future__ import annotations
 
 import math
+import sys
 import types
 from unittest import mock
 
@@ -82,8 +84,10 @@ def test_local_layers_run_sequence_parallel(overrides: tuple[str, ...]) -> None:
     TE norms do, each parameter marked for the TP sum of its gradient (models/specs.py)."""
     cfg = small(*overrides)
     assert cfg.parallel.sequence_parallel and problems(cfg) == []
-    chunks = megatron_build.build(cfg, H100x8)
-    norms = [(n, p) for c in chunks for n, p in c.named_parameters() if "norm" in n]
+    stages = megatron_build.build(cfg, H100x8)
+    norms = [
+        (n, p) for cs in stages.values() for c in cs for n, p in c.named_parameters() if "norm" in n
+    ]
     assert norms
     assert [n for n, p in norms if not getattr(p, "sequence_parallel", False)] == []
 
@@ -177,6 +181,132 @@ def test_the_expert_grid_names_the_size_to_change(overrides: list[str], field: s
     assert "parallel.expert_model_parallel_size=" in message
     assert "parallel.expert_tensor_parallel_size" in message
     assert "expert_tensor_model_pipeline_parallel" in (megatron_build.refuses(cfg, H100x8) or "")
+
+
+@pytest.mark.parametrize("dense", [3, 4, 5])
+def test_an_moe_model_keeps_an_moe_layer(dense: int) -> None:
+    """Dense first layers up to all but one. With every layer dense the checker is stricter than
+    Megatron-Core, which builds a dense model and ignores the MoE fields (test_rules_moe_oracle's
+    STRICTER "moe_all_dense"); with more than the model has, Megatron-Core refuses too."""
+    cfg = apply_overrides(moe_base(), [f"model.moe_first_k_dense_layers={dense}"])
+    ours, theirs = problems(cfg), megatron_build.refuses(cfg, H100x8)
+    assert (theirs is None) == (dense <= 4), theirs
+    if dense < 4:
+        assert ours == []
+    else:
+        [message] = ours
+        assert message.startswith(f"model.moe_first_k_dense_layers: is {dense} with model.num_")
+        assert "use at most 3, or unset model.num_moe_experts" in message
+
+
+# --- every pipeline stage: what only a later stage builds ---------------------------------------
+
+# moe_base on two pipeline stages, each config refused by a layer that stage 0 does not hold: with
+# the first two layers dense, stage 0 holds no MoE layer; with an embedding-only first stage
+# (layout "E|ttttL"), the one dense layer is stage 1's.
+DENSE_STAGE_0 = ("model.moe_first_k_dense_layers=2",)
+EMBEDDING_STAGE_0 = (
+    "parallel.pipeline_model_parallel_layout=E|ttttL",
+    "model.moe_first_k_dense_layers=1",
+    "parallel.expert_tensor_parallel_size=1",
+)
+
+
+@pytest.mark.parametrize(
+    "overrides, field, says",
+    [
+        pytest.param(
+            (
+                *DENSE_STAGE_0,
+                "model.add_bias_linear=true",
+                "model.moe_shared_expert_intermediate_size=512",
+                "parallel.expert_tensor_parallel_size=1",
+                "parallel.expert_model_parallel_size=2",
+            ),
+            "model.add_bias_linear",
+            "bias is not supported in the shared experts",
+            id="shared_expert_bias",
+        ),
+        pytest.param(
+            (
+                *DENSE_STAGE_0,
+                "model.moe_ffn_hidden_size=510",
+                "parallel.tensor_model_parallel_size=4",
+                "parallel.expert_model_parallel_size=1",
+            ),
+            "model.moe_ffn_hidden_size",
+            "255 is not divisible by 2",
+            id="expert_width_over_etp",
+        ),
+        pytest.param(
+            (
+                *DENSE_STAGE_0,
+                "model.num_moe_experts=6",
+                "parallel.tensor_model_parallel_size=1",
+                "parallel.sequence_parallel=false",
+            ),
+            "parallel.expert_model_parallel_size",
+            "when instantiating TransformerLayer",  # MoELayer's assert has no message
+            id="experts_over_ep",
+        ),
+        pytest.param(
+            (
+                *EMBEDDING_STAGE_0,
+                "model.ffn_hidden_size=1026",
+                "parallel.tensor_model_parallel_size=4",
+            ),
+            "parallel.tensor_model_parallel_size",
+            "513 is not divisible by 2",
+            id="dense_width_over_tp",
+        ),
+    ],
+)
+def test_a_later_pipeline_stage_refuses(overrides: tuple[str, ...], field: str, says: str) -> None:
+    """The checker and Megatron-Core refuse each; stage 0 alone builds (a build of rank 0's chunks
+    would accept), stage 1 is refused."""
+    cfg = apply_overrides(moe_base(), ["parallel.pipeline_model_parallel_size=2", *overrides])
+    assert [p.field for p in validate(cfg, H100x8)] == [field]
+    assert megatron_build.build_stage(cfg, H100x8, 0)
+    with pytest.raises(megatron_build.REFUSALS, match=says):
+        megatron_build.build_stage(cfg, H100x8, 1)
+    assert says in (megatron_build.refuses(cfg, H100x8) or "")
+
+
+@pytest.mark.parametrize("layout", [None, "Et|t|t|tmL"], ids=["even_split", "two_chunks_per_stage"])
+def test_each_pipeline_stage_builds_its_own_part(layout: str | None) -> None:
+    """Tied embeddings and an MTP layer over two stages: the embedding on the first, the MTP
+    layer and the output layer on the last (with a copy of the embedding, which Megatron-Core
+    moves to the GPU and sums with the first stage's at build time), each chunk as the engine's
+    parallel state gives it (the MTP layer in the last virtual stage)."""
+    cfg = small(
+        "model.num_layers=4",
+        "model.mtp_num_layers=1",
+        "model.share_embeddings_and_output_weights=true",
+        "parallel.pipeline_model_parallel_size=2",
+        f"parallel.pipeline_model_parallel_layout={layout}",
+    )
+    assert problems(cfg) == []
+    hook = sys.excepthook
+    built = megatron_build.build(cfg, H100x8)
+    assert sys.excepthook is hook  # torch's rank-prefixing hook does not pile up over builds
+    parts = {
+        stage: [sorted({name.split(".")[0] for name, _ in c.named_parameters()}) for c in chunks]
+        for stage, chunks in built.items()
+    }
+    last = ["decoder", "embedding", "mtp", "output_layer"]
+    if layout is None:
+        assert parts == {0: [["decoder", "embedding"]], 1: [last]}
+    else:
+        assert parts == {0: [["decoder", "embedding"], ["decoder"]], 1: [["decoder"], last]}
+
+
+def test_big_worlds_build_the_first_two_stages_and_the_last() -> None:
+    """Each stage as one of its own ranks (asserted in `build_stage`), on 64 and 1024 GPUs."""
+    cfg = small("model.num_layers=8", "parallel.pipeline_model_parallel_size=8")
+    for nodes, stages in ((8, list(range(8))), (128, [0, 1, 7])):
+        cluster = Cluster(num_nodes=nodes, gpus_per_node=8, gpu="h100")
+        assert problems(cfg, cluster) == []
+        assert list(megatron_build.build(cfg, cluster)) == stages
 
 
 # --- LLaVA: the model pads its sequence for SP and CP; the ViT derives its head size ------------

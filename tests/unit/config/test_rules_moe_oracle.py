@@ -7,10 +7,10 @@ through Megatron-Core:
 
 - `TransformerConfig(...)` as the engine builds it (`models.gpt.transformer_config`, on the CPU;
   it needs no process group), then Megatron-Core's decoder layer specs for it;
-- the model itself: Megatron-Core's parallel state and rank 0's chunks, built on torch's fake
-  process group and the meta device (tests/support/megatron_build.py), with Megatron-Core's local
-  layers (Transformer Engine's are not installed here; a module that needs DeepEP or HybridEP is
-  left to the emulation below);
+- the model itself: Megatron-Core's parallel state and every pipeline stage's chunks, built on
+  torch's fake process group and the meta device (tests/support/megatron_build.py), with
+  Megatron-Core's local layers (Transformer Engine's are not installed here; a module that needs
+  DeepEP or HybridEP is left to the emulation below);
 - the rules Megatron-Core applies on other ranks or in the first training step, emulated from its
   source and named below (`_first_step`). The divisibility ones call Megatron-Core's own `divide`,
   as its parallel linear layers do; the router's runs Megatron-Core's own top-k routing.
@@ -52,6 +52,9 @@ STRICTER: dict[str, str] = {
     "experts (moe_router_topk > group_topk x experts per group): Megatron-Core runs it, routing "
     "the rest to experts of masked-out groups with NaN (sigmoid, pre-softmax) or zero weights; "
     "`_first_step` counts a routing with such weights as refused",
+    "moe_all_dense": "model.moe_first_k_dense_layers = model.num_layers: Megatron-Core builds "
+    "every layer dense and ignores the MoE fields (its MoE layers' own asserts never run); "
+    "`_first_step` counts such a model as refused",
 }
 
 
@@ -287,6 +290,8 @@ def _first_step(cfg: TrainingConfig, d: Partial, config) -> str | None:
         return "world not divisible by expert_tensor_model_pipeline_parallel size"
     if not m.num_moe_experts:
         return None
+    if m.moe_first_k_dense_layers == m.num_layers:
+        return "every layer dense (STRICTER moe_all_dense)"
     # MoELayer.__init__: assert num_moe_experts % ep_size == 0
     if m.num_moe_experts % ep:
         return "num_moe_experts % EP"
