@@ -14,8 +14,13 @@ env: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh
 
+# Two workers (the machine's two cores: most of a multi-process test's time is start-up and waiting
+# on its peers), each taking a whole test file, so that a module's fixtures (the catalog's grouped
+# launches, the Slurm cluster) are built by one worker only. More workers want more cores and about
+# 5 GB of memory each (TEST_WORKERS=4 make test).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: everything but the multi-process CPU runs and the Slurm jobs (the engine still
 # trains in-process, tests/unit/training/test_engine.py). GPU tests skip without a GPU here as in `make test`.

@@ -17,8 +17,11 @@ Grouped, because on a small machine process start-up costs more than 3 steps of 
   run builds and tears down its own Megatron-Core groups, into its own logging.run_dir.
 
 The launches run once per session (only for the recipes selected), and the test stays one case per
-recipe, asserting on that recipe's own metrics.jsonl. A recipe that raises ends its launch: it
-fails alone, with its part of the log, and the recipes after it go on in a new launch.
+recipe, asserting on the metrics.jsonl of the config it resolves to. Recipes that differ only in
+what the CPU cannot run resolve to the same config (the FP8 variant of a BF16 recipe, once FP8 is
+substituted; a 1B and a 3B model shrunk alike): such a config trains once, for all of them
+(`same_run`). A recipe that raises ends its launch: it fails alone, with its part of the log, and
+the recipes after it go on in a new launch.
 """
 
 from __future__ import annotations
@@ -107,17 +110,28 @@ def data_overrides(name: str, folder: Path) -> list[str]:
     return []
 
 
+def same_run(cfg: TrainingConfig) -> str:
+    """What two recipes' resolved configs must share to train alike: all of it but the run's
+    name and folder."""
+    data = to_dict(cfg)
+    data.pop("name")
+    data["logging"].pop("run_dir")
+    return yaml.safe_dump(data, sort_keys=True)
+
+
 class GroupedRuns:
-    """The selected recipes (but CLI_RECIPE), launched once per world size on first use."""
+    """The selected recipes (but CLI_RECIPE), launched once per world size on first use; a
+    recipe whose resolved config another one already has gets that one's outcome."""
 
     def __init__(self, root: Path, selected: set[str]) -> None:
         self.root, self.selected = root, selected
         self.outcomes: dict[str, Outcome] = {}
+        self.trained_as: dict[str, str] = {}  # recipe -> the recipe whose run it shares
 
     def outcome(self, name: str) -> Outcome:
-        if name not in self.outcomes:
+        if name not in self.trained_as:
             self._run_group(world_for(name), must_include=name)
-        return self.outcomes[name]
+        return self.outcomes[self.trained_as[name]]
 
     def _run_group(self, world: int, must_include: str) -> None:
         # Energon recipes first: their loader forks DataLoader workers, and forked from a process
@@ -133,21 +147,25 @@ class GroupedRuns:
             ),
             key=lambda n: (all_recipes()[n].config().data.kind != "energon", n),
         )
-        configs = [self._write_config(name, world) for name in names]
+        first: dict[str, str] = {}  # same_run -> the recipe that trains it
+        configs = []
+        for name in names:
+            cfg = self._resolve(name, world)
+            self.trained_as[name] = first.setdefault(same_run(cfg), name)
+            if self.trained_as[name] == name:
+                configs.append(write_yaml(cfg, self.root / f"w{world}" / f"{name}.yaml"))
         self.outcomes |= launch_many(
             configs, world, self._env(configs), self.root, SECONDS_PER_RECIPE
         )
 
-    def _write_config(self, name: str, world: int) -> Path:
-        """The resolved YAML `recipes run` would write to <run dir>/config.yaml, checked as it checks."""
+    def _resolve(self, name: str, world: int) -> TrainingConfig:
+        """What `recipes run` would write to <run dir>/config.yaml, checked as it checks."""
         folder = self.root / f"w{world}" / name
         folder.mkdir(parents=True, exist_ok=True)
         overrides = [f"logging.run_dir={folder / 'run'}", *data_overrides(name, folder / "data")]
         cfg = resolve_shrunk(name, world, overrides)
         check_inputs(cfg, Profile(executor="local"), REPO)
-        path = self.root / f"w{world}" / f"{name}.yaml"
-        write_yaml(cfg, path)
-        return path
+        return cfg
 
     def _env(self, configs: list[Path]) -> dict[str, str]:
         """The test environment plus what the local executor adds for each config (the same

@@ -1,6 +1,6 @@
 """Checkpoints and resume, end to end: real 2-process torchrun jobs of a tiny GPT on the CPU.
 
-- Exact resume: 20 steps in one job == 10 steps, stop, resume, 10 steps, float for float (loss,
+- Exact resume: 8 steps in one job == 4 steps, stop, resume, 4 steps, float for float (loss,
   grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2, PP=2, LoRA and
   Megatron-FSDP. The layouts' jobs are grouped (fixture `chains`): on
   two cores a launch's start-up costs as much as its training, so each phase of the chains is one
@@ -199,7 +199,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # Megatron-FSDP: fsdp_dtensor checkpoints through torch DCP.
     "fsdp_dp2": {"parallel.use_megatron_fsdp": True},
 }
-STOP_AT = 10
+CHAIN_STEPS = 8  # past the 2 warmup steps on both sides of the stop
+STOP_AT = 4
 
 
 def run_together(jobs: list[Job], stop_at: int | None = None) -> list[Outcome]:
@@ -212,8 +213,9 @@ def run_together(jobs: list[Job], stop_at: int | None = None) -> list[Outcome]:
 
 @dataclass
 class Chain:
-    """One layout's exact-resume chain: a straight 20-step reference, and a job stopped after step
-    STOP_AT then resumed to 20; what each launch said of it, and what the first half left."""
+    """One layout's exact-resume chain: a straight CHAIN_STEPS reference, and a job stopped after
+    step STOP_AT then resumed to CHAIN_STEPS; what each launch said of it, and what the first half
+    left."""
 
     reference: Job
     chained: Job
@@ -231,8 +233,9 @@ class Chain:
 def chains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Chain]:
     """The layouts' chains: each phase one launch for all of them."""
     tmp = tmp_path_factory.mktemp("resume")
-    references = [Job(tmp, f"straight_{name}", layout) for name, layout in LAYOUTS.items()]
-    chained = [Job(tmp, f"chained_{name}", layout) for name, layout in LAYOUTS.items()]
+    steps = {"train.max_steps": CHAIN_STEPS}
+    references = [Job(tmp, f"straight_{n}", layout | steps) for n, layout in LAYOUTS.items()]
+    chained = [Job(tmp, f"chained_{n}", layout | steps) for n, layout in LAYOUTS.items()]
     straight = run_together(references)
     first = run_together(chained, stop_at=STOP_AT)
     after_first = [(job.latest_step(), len(job.metrics())) for job in chained]
@@ -252,7 +255,7 @@ def test_resume_is_exact(chains: dict[str, Chain], layout: str) -> None:
     second = chain.check(chain.second, "the resume")
     resumed = f"resumed from {chained.ckpt_dir / dirs.iter_name(STOP_AT)} at step {STOP_AT}"
     assert resumed in second.log
-    assert len(reference.metrics()) == 20
+    assert len(reference.metrics()) == CHAIN_STEPS
     assert trace(chained.metrics()) == trace(reference.metrics())  # exact floats
 
 
