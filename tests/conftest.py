@@ -3,6 +3,7 @@ one; no process a test starts outlives it (tests/support/children.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from tests.support import children
@@ -28,14 +30,34 @@ class Terminated(KeyboardInterrupt):
     teardown) runs and stops the children, instead of pytest dying with them still running."""
 
 
+_workers_of_this_controller = False  # pytest-xdist's controller: its children are its workers
+
+
 def _terminated(signum: int, frame: object) -> None:
+    if _workers_of_this_controller:
+        # Only the controller got the signal (a batch system's or a CI timeout's SIGTERM): its
+        # workers, running the tests, get a Ctrl-C of their own, so that they stop their tests'
+        # children before the controller's teardown ends them.
+        for worker in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                worker.send_signal(signal.SIGINT)
     raise Terminated(f"pytest got {signal.Signals(signum).name}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """SIGTERM and SIGHUP end the session as Ctrl-C does. The notices a run keeps out of its
-    ranks' logs (training/quiet.py NOISE) are kept out of the warnings summary too, so that what
-    is left there is news (pyproject.toml: the others)."""
+    """SIGTERM and SIGHUP end the session as Ctrl-C does (on pytest-xdist's workers too). The
+    notices a run keeps out of its ranks' logs (training/quiet.py NOISE) are kept out of the
+    warnings summary too, so that what is left there is news (pyproject.toml: the others)."""
+    global _workers_of_this_controller
+    workers = config.getoption("numprocesses", None)
+    _workers_of_this_controller = bool(workers) and not hasattr(config, "workerinput")
+    if _workers_of_this_controller:
+        from xdist.workermanage import NodeManager
+
+        # pytest-xdist kills a worker that has not ended 10 s after the session was interrupted:
+        # in the middle of stopping its tests' children (a grace of children.GRACE_S between
+        # SIGTERM and SIGKILL, on a loaded machine), which then run on as orphans.
+        NodeManager.EXIT_TIMEOUT = max(NodeManager.EXIT_TIMEOUT, 120)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminated)
     from training.quiet import NOISE

@@ -2,7 +2,11 @@
 tests/support/children_case.py, which starts torchrun with two ranks and waits; once the ranks are up, that
 pytest is interrupted (Ctrl-C, SIGTERM), or pytest-timeout fires, or the test fails. Then no
 process of the run may be left: not torchrun, not a rank, not the helper each rank started in a
-session of its own that ignores SIGTERM."""
+session of its own that ignores SIGTERM.
+
+The same with the pytest as `make test` runs it, on pytest-xdist workers: Ctrl-C reaches the whole
+process group as a terminal sends it; SIGTERM reaches the controller only, as a batch system or a
+CI timeout sends it, and the controller must pass it on (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ HOW = {
     # pytest-timeout's signal method: its timer ends with SIGALRM, whose handler fails the test.
     "timeout": (signal.SIGALRM, FAILED),
     "fails": (None, FAILED),
+    "xdist_ctrl_c": (signal.SIGINT, INTERRUPTED),
+    "xdist_sigterm": (signal.SIGTERM, INTERRUPTED),
 }
 
 
@@ -53,6 +59,8 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
         "no:cacheprovider",
         "tests/support/children_case.py",
     ]
+    if how.startswith("xdist_"):
+        cmd += ["-n", "1"]
     # Unbuffered: a pytest that has to be killed still leaves its log to read.
     env = os.environ | {UP_ENV: str(up), HOW_ENV: how, "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "pytest.log"
@@ -66,7 +74,10 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
         if signum is not None:
             # (with "fails" the inner test ends its ranks as soon as they are up, maybe already)
             assert all(alive(pid) for pid in pids)
-            inner.send_signal(signum)
+            if how == "xdist_ctrl_c":  # a terminal's Ctrl-C: pytest's whole process group
+                os.killpg(inner.pid, signum)
+            else:
+                inner.send_signal(signum)
         inner.wait(timeout=300)  # its stop takes seconds; the bound is for a loaded machine
         left = children.leftovers(inner)  # torchrun, its ranks, their helpers: all carry its token
         running = [pid for pid in pids if alive(pid)]
