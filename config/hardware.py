@@ -7,7 +7,10 @@ reports as total, in GiB, which is a little below the marketing GB figure.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from config.tree import suggest
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,59 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=900,
             network_gb_s=50,
         ),
+        # The HPC sites' 4-GPU nodes. GH200 (JUPITER, JEDI, Alps): the Hopper GPU of a Grace Hopper
+        # superchip, with H100 SXM's dense peaks and number formats. JUPITER caps a superchip at
+        # 680 W (GPU and CPU together), so sustained clocks sit below the data sheet's: plan
+        # against measured rates, not these peaks. Four GH200 share a node without NVSwitch: each
+        # GPU pair has its own NVLink4 link of 150 GB/s per direction, 3 x 150 = 450 GB/s out of
+        # each GPU. A single ring over the 4 GPUs would use one of those links at a time (150);
+        # NCCL runs several rings (and all-to-all sends straight to each peer), so a 4-GPU TP or
+        # EP group moves (t-1)/t of its bytes over all 3 links at once: 450 GB/s per GPU is the
+        # figure the step-time model's (t-1)/t / bandwidth reproduces for t = 4, the group the
+        # node holds. A 2-GPU group has one link, 150 GB/s: the model's one figure per kind
+        # overstates TP=2 three-fold there. Network: 4x NDR200 (Alps: 4x Slingshot 200 Gb/s)
+        # per node for 4 GPUs, 25 GB/s each.
+        GpuSpec(
+            name="gh200",
+            hbm_gb_s=4000,
+            # 96 GB HBM3; torch reports 94.88 GiB total on a GH200 96 GB (a CUDA OOM message's
+            # "total capacity"; nvidia-smi shows 97,871 MiB), the "~94 GB usable" sites quote.
+            memory_gib=94.9,
+            bf16_tflops=989.0,
+            fp8_tflops=1979.0,
+            fp8_blockwise=True,
+            nvlink_gb_s=450,
+            network_gb_s=25,
+        ),
+        GpuSpec(
+            name="gh200-144g",
+            # 144 GB HBM3e at 4.9 TB/s (NVIDIA's GH200 data sheet). Memory: the CUDA driver
+            # reports 153,008,209,920 bytes (142.5 GiB) on "NVIDIA GH200 144G HBM3e"; less the
+            # ~0.7 GiB torch's total falls short of nvidia-smi on the 96 GB part, ~141.8 GiB.
+            # Not measured with torch: an estimate.
+            hbm_gb_s=4900,
+            memory_gib=141.8,
+            bf16_tflops=989.0,
+            fp8_tflops=1979.0,
+            fp8_blockwise=True,
+            nvlink_gb_s=450,
+            network_gb_s=25,
+        ),
+        # Leonardo's A100 64 GB (custom SXM4, HBM2e): A100 peaks (312 BF16, no FP8). Four per
+        # node, NVLink3 between each pair (4 links, 100 GB/s per direction), 300 GB/s out of each
+        # GPU as for a100; network 2x dual-port HDR (400 Gb/s per node) for 4 GPUs, 12.5 GB/s
+        # each. Memory: 64 GiB less what the driver keeps, as a100's 80 GiB reads 79.2; a CUDA
+        # OOM message on a 64 GB A100 reads 63.42 GiB total. HBM bandwidth: four of the 80 GB
+        # part's five 16 GB HBM2e stacks, 4/5 of 2039 GB/s (no data sheet for this custom part:
+        # an estimate).
+        GpuSpec(
+            name="a100-64g",
+            hbm_gb_s=1631,
+            memory_gib=63.4,
+            bf16_tflops=312.0,
+            nvlink_gb_s=300,
+            network_gb_s=12.5,
+        ),
     )
 }
 # The CPU smoke mode: no memory limit worth predicting, no peak to compute MFU against.
@@ -133,12 +189,42 @@ class Cluster:
         return CPU if self.gpu == "cpu" else GPUS[self.gpu]
 
 
+# Accelerators people ask for that are not CUDA GPUs: AMD Instinct (MI250X on LUMI, MI300) runs
+# ROCm, and neither Transformer Engine's FP8 kernels nor this project's launch and cost model are
+# built or checked for it.
+_ROCM = re.compile(r"(?<![a-z])mi\d{3}|amd|instinct|radeon|rocm")
+
+
+def gpu_kind_problem(kind: str) -> str | None:
+    """Why `kind` is not a GPU kind this project checks, plans and launches for (None when it is
+    one of GPUS, or "cpu"). Every way a kind enters (`--gpu`, a profile's `gpu`, a Cluster, the
+    device a rank finds) asks here, so all refuse alike before anything launches."""
+    if kind == "cpu" or kind in GPUS:
+        return None
+    text = f"{kind!r} is not a GPU kind this project knows; known kinds: {', '.join(GPUS)} (or cpu)."
+    if _ROCM.search(kind.lower()):
+        text += (
+            " AMD Instinct GPUs run ROCm, not the CUDA stack (Transformer Engine, NCCL) this "
+            "project builds on: run on one of the NVIDIA kinds above."
+        )
+    else:
+        text += suggest(kind.lower(), list(GPUS))
+    return text
+
+
 def gpu_from_device_name(device_name: str) -> str | None:
     """Map torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3") to a GPU kind, if known."""
     lowered = device_name.lower()
+    # GH200 before H200 and GB200 before B200: each name holds the other.
+    if "gh200" in lowered:
+        # "NVIDIA GH200 480GB" / "NVIDIA GH200 120GB" name the superchip's memory with the CPU's
+        # LPDDR5X (the GPU has 96 GB); the 144 GB HBM3e part says so in its name.
+        return "gh200-144g" if "144g" in lowered or "hbm3e" in lowered else "gh200"
     for kind in ("gb200", "b200", "h200", "h100"):
         if kind in lowered:
             return kind
     if "a100" in lowered:
+        if "64gb" in lowered:
+            return "a100-64g"
         return "a100-40g" if "40gb" in lowered else "a100"
     return None

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.hardware import Cluster
+from config.hardware import Cluster, gpu_kind_problem
 from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
@@ -73,7 +73,7 @@ class Profile:
     exit_margin_minutes: float = 10.0
     nodes: int | None = None  # default for --nodes
     gpus_per_node: int | None = None  # default for --gpus-per-node
-    gpu: str | None = None  # default for --gpu: a100, h100, h200, b200, gb200
+    gpu: str | None = None  # default for --gpu: a GPU kind (config/hardware.py GPUS) or "cpu"
     # default for --nvlink-domain: GPUs joined by NVLink (None: a node; 72 for GB200 NVL72)
     nvlink_domain: int | None = None
     cpus_per_task: int | None = None  # one task per node runs torchrun and all its ranks
@@ -171,18 +171,19 @@ def from_toml(data: dict[str, Any], source: str = "profile") -> Profile:
     }
     if isinstance(values.get("exit_margin_minutes"), int):
         values["exit_margin_minutes"] = float(values["exit_margin_minutes"])
-    return check_profile(Profile(**values))
+    return check_profile(Profile(**values), source)
 
 
-def check_profile(profile: Profile) -> Profile:
-    """`profile` itself, or ConfigError with every problem of its values (after any replace)."""
-    problems = _check_values(profile)
+def check_profile(profile: Profile, source: str = "the profile") -> Profile:
+    """`profile` itself, or ConfigError with every problem of its values (after any replace);
+    `source` names the file where a message says where the value is."""
+    problems = _check_values(profile, source)
     if problems:
         raise ConfigError(problems)
     return profile
 
 
-def _check_values(p: Profile) -> list[tuple[str, str]]:
+def _check_values(p: Profile, source: str) -> list[tuple[str, str]]:
     from launchers.env import env_problems, fabric_problems
 
     problems = _type_problems(p)
@@ -193,6 +194,9 @@ def _check_values(p: Profile) -> list[tuple[str, str]]:
     if p.executor not in EXECUTORS:
         hint = suggest(p.executor, list(EXECUTORS)) or f" Choose one of {', '.join(EXECUTORS)}."
         problems.append(("executor", f"unknown executor {p.executor!r}.{hint}"))
+    unknown = gpu_kind_problem(p.gpu) if p.gpu is not None and "gpu" not in flagged else None
+    if unknown:
+        problems.append(("gpu", f"gpu = {p.gpu!r} in {source}: {unknown}"))
     minutes = None
     if "time" not in flagged:
         try:
@@ -403,6 +407,9 @@ def job_cluster(
     with the field's name.
     """
     size = size or JobSize()
+    unknown = gpu_kind_problem(size.gpu) if size.gpu is not None else None
+    if unknown:
+        raise ConfigError([("--gpu", unknown)])
     prof = profile or Profile(executor="local")
     kind = size.gpu or prof.gpu or (published.gpu if published else None)
     cpu = size.device == "cpu" or (size.device is None and kind == "cpu")

@@ -63,7 +63,13 @@ def _add_cluster_args(parser: argparse.ArgumentParser, profile_text: str) -> Non
         "--nodes", type=int, help="number of nodes (default: the recipe's published run)"
     )
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (processes) per node")
-    parser.add_argument("--gpu", choices=[*GPUS, "cpu"], help="GPU kind (default: the recipe's)")
+    # No argparse choices: launchers/profile.py job_cluster refuses an unknown kind with the
+    # message every entry point gives (config/hardware.py gpu_kind_problem).
+    parser.add_argument(
+        "--gpu",
+        metavar="KIND",
+        help=f"GPU kind: {', '.join(GPUS)} or cpu (default: the recipe's)",
+    )
     parser.add_argument(
         "--nvlink-domain",
         type=int,

@@ -37,14 +37,12 @@ def cluster_from_env(device: str) -> Cluster:
         return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu="cpu")
     import torch
 
-    from config.hardware import gpu_from_device_name
+    from config.hardware import gpu_from_device_name, gpu_kind_problem
 
     name = torch.cuda.get_device_name()
     kind = gpu_from_device_name(name)
     if kind is None:
-        raise ConfigError(
-            [("cluster.gpu", f"unknown GPU '{name}'; known kinds: a100, h100, h200, b200, gb200")]
-        )
+        raise ConfigError([("cluster.gpu", f"this rank's device: {gpu_kind_problem(name)}")])
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=kind)
 
 

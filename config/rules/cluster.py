@@ -4,19 +4,16 @@ any cluster has (the parallel rules list the divisors of the world size)."""
 from __future__ import annotations
 
 from config.finalize import Partial
-from config.hardware import GPUS, Cluster
+from config.hardware import Cluster, gpu_kind_problem
 from config.problems import Problem
 from config.schema import MAX_GPUS, TrainingConfig
 
 
 def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     out = []
-    if cluster.gpu != "cpu" and cluster.gpu not in GPUS:
-        out.append(
-            Problem(
-                "cluster.gpu", f"unknown GPU kind '{cluster.gpu}'; choose one of {', '.join(GPUS)}"
-            )
-        )
+    unknown = gpu_kind_problem(cluster.gpu)
+    if unknown:
+        out.append(Problem("cluster.gpu", unknown))
     if cluster.num_nodes < 1 or cluster.gpus_per_node < 1:
         out.append(
             Problem(
