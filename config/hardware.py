@@ -7,10 +7,9 @@ reports as total, in GiB, which is a little below the marketing GB figure.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
-
-from config.tree import suggest
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +207,8 @@ def gpu_kind_problem(kind: str) -> str | None:
             "project builds on: run on one of the NVIDIA kinds above."
         )
     else:
-        text += suggest(kind.lower(), list(GPUS))
+        close = difflib.get_close_matches(kind.lower(), list(GPUS), n=3, cutoff=0.6)
+        text += f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return text
 
 
