@@ -200,7 +200,9 @@ def gpu_kind_problem(kind: str) -> str | None:
     device a rank finds) asks here, so all refuse alike before anything launches."""
     if kind == "cpu" or kind in GPUS:
         return None
-    text = f"{kind!r} is not a GPU kind this project knows; known kinds: {', '.join(GPUS)} (or cpu)."
+    text = (
+        f"{kind!r} is not a GPU kind this project knows; known kinds: {', '.join(GPUS)} (or cpu)."
+    )
     if _ROCM.search(kind.lower()):
         text += (
             " AMD Instinct GPUs run ROCm, not the CUDA stack (Transformer Engine, NCCL) this "

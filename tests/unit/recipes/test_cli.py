@@ -174,3 +174,72 @@ def test_fast_path_imports_no_torch(command: str) -> None:
     )
     out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_unsupported_gpu_kind_exits_2() -> None:
+    out = recipes("check", "llama3_8b_pretrain", "--gpu", "mi250x")
+    assert out.returncode == 2
+    assert "--gpu: 'mi250x' is not a GPU kind" in out.stderr
+    assert "gh200" in out.stderr and "a100-64g" in out.stderr and "ROCm" in out.stderr
+
+
+def test_every_gpu_entry_refuses_alike(tmp_path, capsys) -> None:
+    """`--gpu` on check, plan and run, a profile's `gpu`, and a Cluster the checker judges all give
+    config.hardware.gpu_kind_problem's message, each under its own field."""
+    from config.hardware import Cluster, gpu_kind_problem
+    from config.rules import validate
+    from recipes.cli import main
+    from recipes.registry import resolve
+
+    expected = gpu_kind_problem("mi250x")
+    assert expected is not None
+    profile = tmp_path / "lumi.toml"
+    profile.write_text('executor = "local"\ngpu = "mi250x"\n')
+    for argv, field in (
+        (["check", "llama3_8b_pretrain", "--gpu", "mi250x", "--json"], "--gpu"),
+        (["plan", "llama3_8b_pretrain", "--gpu", "mi250x", "--json"], "--gpu"),
+        (["run", "llama3_8b_pretrain", "--gpu", "mi250x", "--dryrun"], "--gpu"),
+        (["check", "llama3_8b_pretrain", "--profile", str(profile), "--json"], "gpu"),
+    ):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        if "--json" in argv:
+            (error,) = json.loads(captured.out)["errors"]
+            assert error["field"] == field and error["message"].endswith(expected), argv
+        else:
+            assert f"{field}: {expected}" in captured.err, argv
+    main(["check", "llama3_8b_pretrain", "--profile", str(profile)])
+    assert "gpu = 'mi250x' in lumi.toml" in capsys.readouterr().err
+    _, cfg = resolve("llama3_8b_pretrain", [])
+    problems = validate(cfg, Cluster(gpu="mi250x"))
+    assert ("cluster.gpu", expected) in [(p.field, p.message) for p in problems]
+
+
+@pytest.mark.parametrize("gpu", ["gh200", "gh200-144g", "a100-64g"])
+def test_check_and_plan_on_hpc_kinds(gpu: str, capsys) -> None:
+    """The memory estimate and the planner answer for the HPC sites' 4-GPU nodes."""
+    from recipes.cli import main
+
+    size = ["--nodes", "2", "--gpus-per-node", "4", "--gpu", gpu, "--json"]
+    assert main(["check", "llama3_8b_pretrain", *size]) in (0, 3)
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpu_memory_gib"] > 0 and report["memory_gib_per_gpu"] > 0
+    assert main(["plan", "llama3_8b_pretrain", *size, "--top", "1"]) == 0
+    (best,) = json.loads(capsys.readouterr().out)
+    assert best["tokens_per_s_per_gpu"] > 0
+
+
+@pytest.mark.parametrize(
+    ("gpu", "precision", "code"),
+    [
+        ("a100-64g", "bf16_with_fp8_current_scaling_mixed", 2),
+        ("gh200", "bf16_with_fp8_current_scaling_mixed", 0),
+        ("gh200", "bf16_with_mxfp8_mixed", 2),
+    ],
+)
+def test_precision_on_hpc_kinds(gpu: str, precision: str, code: int, capsys) -> None:
+    from recipes.cli import main
+
+    argv = ["check", "llama3_8b_pretrain", "--nodes", "2", "--gpus-per-node", "4", "--gpu", gpu]
+    assert main([*argv, f"precision={precision}", "parallel.tensor_model_parallel_size=4"]) == code
+    assert ("precision:" in capsys.readouterr().out) == (code == 2)
