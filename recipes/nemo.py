@@ -37,7 +37,7 @@ from typing import Any
 
 import nemo_run as nr
 
-from config.hardware import Cluster
+from config.hardware import GPUS, Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import plan_env
@@ -196,7 +196,8 @@ def cluster_of(cfg: TrainingConfig, executor: nr.Executor, gpu: str | None) -> C
             [
                 (
                     "gpu",
-                    f"{cfg.name!r} names no GPU kind to check against: pass Checks(gpu='h100') (a100, h100, h200, b200, gb200), or train.device=cpu",
+                    f"{cfg.name!r} names no GPU kind to check against: pass Checks(gpu='h100') "
+                    f"({', '.join(GPUS)}), or train.device=cpu",
                 )
             ]
         )
