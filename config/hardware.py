@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,32 @@ class GpuSpec:
     nvlink_gb_s: float = 0.0
     network_gb_s: float = 0.0
     hbm_gb_s: float = 0.0  # memory bandwidth, for the step-time model's memory-bound work
+
+
+# The HPC sites' 4-GPU nodes. GH200 (JUPITER, JEDI, Alps): the Hopper GPU of a Grace Hopper
+# superchip, with H100 SXM's dense peaks and number formats. JUPITER caps a superchip at
+# 680 W (GPU and CPU together), so sustained clocks sit below the data sheet's: plan
+# against measured rates, not these peaks. Four GH200 share a node without NVSwitch: each
+# GPU pair has its own NVLink4 link of 150 GB/s per direction, 3 x 150 = 450 GB/s out of
+# each GPU. A single ring over the 4 GPUs would use one of those links at a time (150);
+# NCCL runs several rings (and all-to-all sends straight to each peer), so a 4-GPU TP or
+# EP group moves (t-1)/t of its bytes over all 3 links at once: 450 GB/s per GPU is the
+# figure the step-time model's (t-1)/t / bandwidth reproduces for t = 4, the group the
+# node holds. A 2-GPU group has one link, 150 GB/s: the model's one figure per kind
+# overstates TP=2 three-fold there. Network: 4x NDR200 (Alps: 4x Slingshot 200 Gb/s)
+# per node for 4 GPUs, 25 GB/s each.
+_GH200 = GpuSpec(
+    name="gh200",
+    hbm_gb_s=4000,
+    # 96 GB HBM3; torch reports 94.88 GiB total on a GH200 96 GB (a CUDA OOM message's
+    # "total capacity"; nvidia-smi shows 97,871 MiB), the "~94 GB usable" sites quote.
+    memory_gib=94.9,
+    bf16_tflops=989.0,
+    fp8_tflops=1979.0,
+    fp8_blockwise=True,
+    nvlink_gb_s=450,
+    network_gb_s=25,
+)
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -98,44 +124,13 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=900,
             network_gb_s=50,
         ),
-        # The HPC sites' 4-GPU nodes. GH200 (JUPITER, JEDI, Alps): the Hopper GPU of a Grace Hopper
-        # superchip, with H100 SXM's dense peaks and number formats. JUPITER caps a superchip at
-        # 680 W (GPU and CPU together), so sustained clocks sit below the data sheet's: plan
-        # against measured rates, not these peaks. Four GH200 share a node without NVSwitch: each
-        # GPU pair has its own NVLink4 link of 150 GB/s per direction, 3 x 150 = 450 GB/s out of
-        # each GPU. A single ring over the 4 GPUs would use one of those links at a time (150);
-        # NCCL runs several rings (and all-to-all sends straight to each peer), so a 4-GPU TP or
-        # EP group moves (t-1)/t of its bytes over all 3 links at once: 450 GB/s per GPU is the
-        # figure the step-time model's (t-1)/t / bandwidth reproduces for t = 4, the group the
-        # node holds. A 2-GPU group has one link, 150 GB/s: the model's one figure per kind
-        # overstates TP=2 three-fold there. Network: 4x NDR200 (Alps: 4x Slingshot 200 Gb/s)
-        # per node for 4 GPUs, 25 GB/s each.
-        GpuSpec(
-            name="gh200",
-            hbm_gb_s=4000,
-            # 96 GB HBM3; torch reports 94.88 GiB total on a GH200 96 GB (a CUDA OOM message's
-            # "total capacity"; nvidia-smi shows 97,871 MiB), the "~94 GB usable" sites quote.
-            memory_gib=94.9,
-            bf16_tflops=989.0,
-            fp8_tflops=1979.0,
-            fp8_blockwise=True,
-            nvlink_gb_s=450,
-            network_gb_s=25,
-        ),
-        GpuSpec(
-            name="gh200-144g",
-            # 144 GB HBM3e at 4.9 TB/s (NVIDIA's GH200 data sheet). Memory: the CUDA driver
-            # reports 153,008,209,920 bytes (142.5 GiB) on "NVIDIA GH200 144G HBM3e"; less the
-            # ~0.7 GiB torch's total falls short of nvidia-smi on the 96 GB part, ~141.8 GiB.
-            # Not measured with torch: an estimate.
-            hbm_gb_s=4900,
-            memory_gib=141.8,
-            bf16_tflops=989.0,
-            fp8_tflops=1979.0,
-            fp8_blockwise=True,
-            nvlink_gb_s=450,
-            network_gb_s=25,
-        ),
+        # The HPC sites' 4-GPU nodes: GH200 (_GH200 above for its figures), and Leonardo's A100.
+        _GH200,
+        # 144 GB HBM3e at 4.9 TB/s (NVIDIA's GH200 data sheet), otherwise the gh200 above.
+        # Memory: the CUDA driver reports 153,008,209,920 bytes (142.5 GiB) on "NVIDIA GH200 144G
+        # HBM3e"; less the ~0.7 GiB torch's total falls short of nvidia-smi on the 96 GB part,
+        # ~141.8 GiB. Not measured with torch: an estimate.
+        replace(_GH200, name="gh200-144g", hbm_gb_s=4900, memory_gib=141.8),
         # Leonardo's A100 64 GB (custom SXM4, HBM2e): A100 peaks (312 BF16, no FP8). Four per
         # node, NVLink3 between each pair (4 links, 100 GB/s per direction), 300 GB/s out of each
         # GPU as for a100; network 2x dual-port HDR (400 Gb/s per node) for 4 GPUs, 12.5 GB/s
