@@ -9,6 +9,11 @@ process of the job step, and torchrun, which forwards SIGTERM to each rank's pro
 while the ranks wait for the step boundary; the exit save then fails with BrokenPipeError, and the
 chain loses every step since the last interval save.
 
+A synchronous save (the CPU's) runs the writer in the rank itself, so it needs no second process:
+`results_queue(asynchronous=False)` hands the writer an in-process queue instead, which no signal
+can take away and which costs no interpreter start (a spawned helper imports torch to unpickle the
+write results: seconds of CPU per rank and run).
+
 `results_queue()` starts that helper the way it has to live: the exit signals ignored (blocked in the
 rank while the interpreter starts, then ignored by the helper itself) and ended by the kernel when
 its rank dies (PR_SET_PDEATHSIG), so ignoring signals never leaves it behind as an orphan. It hands
@@ -24,6 +29,7 @@ import ctypes
 import importlib
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 from multiprocessing.managers import SyncManager
@@ -65,11 +71,18 @@ def _writers(strategy: str) -> list[Any]:
     return [importlib.import_module(name) for name in names]
 
 
-def results_queue(strategy: str = "mcore") -> None:
+def results_queue(strategy: str = "mcore", asynchronous: bool = True) -> None:
     """Give the checkpoint writer (Megatron-Core's, and NVRx's with `strategy="nvrx"`) a results
-    queue whose helper survives the exit signals."""
+    queue: for asynchronous saves, one whose helper survives the exit signals; for synchronous
+    ones (`asynchronous=False`), an in-process queue."""
     global _manager
     writers = _writers(strategy)
+    if not asynchronous:
+        stop()  # a helper left by an asynchronous run in this process
+        local: queue.Queue[Any] = queue.Queue()
+        for writer in writers:
+            writer._results_queue = local
+        return
     if alive() and all(w._results_queue is not None for w in writers):
         return
     manager = SyncManager(ctx=mp.get_context("spawn"))
@@ -81,19 +94,20 @@ def results_queue(strategy: str = "mcore") -> None:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     _manager = manager
-    queue = manager.Queue()
+    shared = manager.Queue()
     for writer in writers:
-        writer._results_queue = queue
+        writer._results_queue = shared
 
 
 def stop() -> None:
-    """End the helper (the run is over); the next run in this process starts its own."""
+    """Take the writers' queue back and end the helper, if any (the run is over); the next run in
+    this process gets its own."""
     global _manager
+    for name in WRITERS.values():
+        writer = sys.modules.get(name)
+        if writer is not None:  # a module global of the writer's, which we set
+            writer._results_queue = None  # type: ignore[attr-defined]
     if _manager is not None:
-        for name in WRITERS.values():
-            writer = sys.modules.get(name)
-            if writer is not None:  # a module global of the writer's, which we set
-                writer._results_queue = None  # type: ignore[attr-defined]
         if _manager._process.is_alive():  # type: ignore[attr-defined]  # noqa: SLF001
             _manager.shutdown()
         _manager = None

@@ -361,8 +361,11 @@ class Checkpointer:
         states = {name: obj.state_dict() for name, obj in self.states.items()}
         info = ckpt_state.train_state(self.cfg, states, self._base_record())
         ckpt_state.sync_params_for_save(self.model)
-        # A writer helper that outlives the exit signals.
-        checkpoint_helpers.results_queue(self._async_strategy)
+        # The writer's results queue: in this process for a synchronous save, else in a helper
+        # that outlives the exit signals.
+        checkpoint_helpers.results_queue(
+            self._async_strategy, asynchronous=self._async_queue is not None
+        )
         sharding = info["dist_optimizer_sharding"]
         if sharding == dirs.FSDP_SHARDING:  # torch DCP writes the DTensor shards itself
             ckpt_state.save_fsdp(self.model, self.optimizer, tmp)

@@ -50,3 +50,21 @@ def test_the_helper_survives_exit_signals_and_dies_with_its_rank() -> None:
         except psutil.NoSuchProcess:
             pass
         assert not helper.is_running()
+
+
+def test_a_synchronous_save_gets_an_in_process_queue_and_no_helper() -> None:
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from training.checkpoint import helpers as checkpoint_helpers
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    checkpoint_helpers.results_queue(asynchronous=False)
+    try:
+        assert isinstance(filesystem_async._results_queue, queue.Queue)
+        assert not checkpoint_helpers.alive()
+        assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    finally:
+        checkpoint_helpers.stop()
+    assert filesystem_async._results_queue is None
