@@ -58,8 +58,18 @@ def pytest_configure(config: pytest.Config) -> None:
         # in the middle of stopping its tests' children (a grace of children.GRACE_S between
         # SIGTERM and SIGKILL, on a loaded machine), which then run on as orphans.
         NodeManager.EXIT_TIMEOUT = max(NodeManager.EXIT_TIMEOUT, 120)
+        # Every process the workers start carries this controller's token too, so that its
+        # sweep at the end (pytest_unconfigure) also stops what a worker could not: execnet ends
+        # a worker with os._exit 15 s after the controller asks it to, stopping or not.
+        children.adopt_descendants()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminated)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started in the background by a non-interactive shell (`make test &`, a CI runner),
+        # pytest inherits SIGINT ignored, and would pass that on to every process it starts: a
+        # Ctrl-C, and the interrupt the xdist controller forwards to its workers on SIGTERM, would
+        # then stop nothing. A handler is not inherited across exec: children get the default.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     from training.quiet import NOISE
 
     for notice in NOISE:

@@ -371,15 +371,19 @@ def test_async_save_publishes_complete_checkpoints(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_exit_signal_to_every_process_after_interval_saves(tmp_path: Path, path: str) -> None:
     """Slurm's `--signal=USR1@margin` (and `scancel --signal`) reaches every process of the job:
-    torchrun (started with USR1 ignored, as launchers/slurm.py does), the ranks and the helper
-    that Megatron-Core's checkpoint writer started at the first save. After several interval
-    saves the exit save still writes the step where the job stopped."""
+    torchrun (started with USR1 ignored, as launchers/slurm.py does), the ranks and, for
+    asynchronous saves, the helper that Megatron-Core's checkpoint writer started at the first save
+    (a synchronous save starts none). After several interval saves the exit save still writes the
+    step where the job stopped."""
     job = Job(tmp_path, path, {"train.max_steps": 5000, "checkpoint.save_interval": 4})
     proc = job.start(script=ASYNC_ENTRY if path == "async" else None, ignore_usr1=True)
     wait_for(lambda: (job.latest_step() or 0) >= 8, "two interval saves", proc)
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     helpers = [p for p in tree if p.pid != proc.pid and p not in workers(proc)]
-    assert helpers, "no checkpoint helper process to signal: the test would prove nothing"
+    if path == "sync":
+        assert not helpers, f"a synchronous save started helper processes: {helpers}"
+    else:
+        assert helpers, "no checkpoint helper process to signal: the test would prove nothing"
     for p in tree:
         try:
             p.send_signal(signal.SIGUSR1)
@@ -391,4 +395,5 @@ def test_exit_signal_to_every_process_after_interval_saves(tmp_path: Path, path:
     assert f"exit signal: saving at step {stopped}" in out
     assert job.latest_step() == stopped
     assert not list(job.ckpt_dir.glob("*" + dirs.TMP_SUFFIX))
-    assert not psutil.pid_exists(helpers[0].pid) or helpers[0].status() == psutil.STATUS_ZOMBIE
+    for helper in helpers:
+        assert not psutil.pid_exists(helper.pid) or helper.status() == psutil.STATUS_ZOMBIE

@@ -49,6 +49,12 @@ def _tokens(env: dict[str, str] | None) -> list[str]:
     return list(dict.fromkeys([*inherited, SESSION]))
 
 
+def adopt_descendants() -> None:
+    """Every process started from now on, by this one or by its children however they start
+    theirs (pytest-xdist's workers), carries this session's token: `sweep` stops them all."""
+    os.environ[MARKER] = " ".join(_tokens(None))
+
+
 def start(args: Sequence[str] | str, *, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
     """subprocess.Popen(args, ...) in a session of its own, marked; stopped by `stop`, or when the
     test that started it ends, or at the end of the session. Returns the Popen, with `.token`."""

@@ -45,6 +45,24 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _dump_stacks(inner: subprocess.Popen) -> None:
+    """Every thread's stack of the hung pytest (and of its xdist worker) into its log: pytest's
+    faulthandler plugin writes them on SIGABRT."""
+    import psutil
+
+    pytests = [psutil.Process(inner.pid)]
+    pytests += [p for p in pytests[0].children() if "python" in p.name()]
+    for proc in pytests:
+        try:
+            proc.send_signal(signal.SIGABRT)
+        except psutil.Error:
+            pass
+    try:
+        inner.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 @pytest.mark.parametrize("how", sorted(HOW))
 def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
     signum, code = HOW[how]
@@ -78,7 +96,11 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
                 os.killpg(inner.pid, signum)
             else:
                 inner.send_signal(signum)
-        inner.wait(timeout=300)  # its stop takes seconds; the bound is for a loaded machine
+        try:
+            inner.wait(timeout=300)  # its stop takes seconds; the bound is for a loaded machine
+        except subprocess.TimeoutExpired:
+            _dump_stacks(inner)
+            pytest.fail(f"pytest had not ended 300 s after {how}:\n{log.read_text()[-8000:]}")
         left = children.leftovers(inner)  # torchrun, its ranks, their helpers: all carry its token
         running = [pid for pid in pids if alive(pid)]
     output = log.read_text()
