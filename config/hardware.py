@@ -161,6 +161,9 @@ class Cluster:
     gpu: str = "h100"
     # GPUs per NVLink domain; None: the GPU kind's (72 for GB200 NVL72), else one node.
     nvlink_domain: int | None = None
+    # The scale-out network per GPU, one direction, GB/s; None: the GPU kind's (as NVIDIA's DGX
+    # builds it). A site profile sets its own: 12.5 on JURECA-DC and Leonardo, 25 on JUWELS.
+    network_gb_s: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -171,6 +174,11 @@ class Cluster:
         """GPUs that reach each other over NVLink: consecutive ranks, as Slurm places them."""
         size = self.nvlink_domain or self.spec.nvlink_domain or self.gpus_per_node
         return max(1, size)
+
+    @property
+    def network(self) -> float:
+        """GB/s per GPU, one direction, for traffic that leaves the NVLink domain."""
+        return self.spec.network_gb_s if self.network_gb_s is None else self.network_gb_s
 
     def crosses(self, block: int) -> bool:
         """Whether blocks of `block` consecutive ranks (a TP group, a TP x CP group, the ranks

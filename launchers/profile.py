@@ -14,7 +14,7 @@ in the error, never shown), `time` in Slurm's formats and a margin sbatch --sign
 every executor, the NeMo-Run entry points): the command line, then the profile, then the recipe's
 published run.
 
-    executor = "slurm"                       # slurm | slurm-apptainer | slurm-bare | local
+    executor = "slurm"                       # slurm | slurm-apptainer | slurm-edf | slurm-bare | local
     account = "llm"
     partition = "batch"
     time = "04:00:00"
@@ -41,8 +41,13 @@ from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
 
-EXECUTORS = ("local", "slurm", "slurm-apptainer", "slurm-bare")
-CONTAINERISED = ("slurm", "slurm-apptainer")
+EXECUTORS = ("local", "slurm", "slurm-apptainer", "slurm-edf", "slurm-bare")
+# The container runtime of each Slurm executor: pyxis/enroot, Apptainer, CSCS's Container Engine
+# (an EDF file, pyxis underneath).
+CONTAINERISED = ("slurm", "slurm-apptainer", "slurm-edf")
+GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # how the job asks Slurm for the node's GPUs
+# A value still to be filled in: "<your-project>" in a shipped site profile.
+PLACEHOLDER = re.compile(r"<[^<>]*>")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # `time` in Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; ASCII digits only, and
 # matched whole (fullmatch, no strip): a trailing newline would end the #SBATCH line it is written
@@ -76,7 +81,22 @@ class Profile:
     gpu: str | None = None  # default for --gpu: a GPU kind (config/hardware.py GPUS) or "cpu"
     # default for --nvlink-domain: GPUs joined by NVLink (None: a node; 72 for GB200 NVL72)
     nvlink_domain: int | None = None
+    # The scale-out network per GPU, one direction, GB/s (None: the GPU kind's, as in a DGX)
+    network_gb_s: float | None = None
     cpus_per_task: int | None = None  # one task per node runs torchrun and all its ranks
+    # "gpus-per-node" (#SBATCH --gpus-per-node=G), "gres" (--gres=gpu:G, where a site's Slurm
+    # counts GPUs as generic resources only), "none" (the partition hands out whole nodes)
+    gpu_request: str = "gpus-per-node"
+    # ParaStation's psslurm (JSC) instead of slurmd: no SPANK plugins (so no pyxis), and srun
+    # inherits --cpus-per-task only through SRUN_CPUS_PER_TASK, which the job exports.
+    psslurm: bool = False
+    srun_flags: list[str] = field(default_factory=list)  # more srun options, e.g. "--cpu-bind=none"
+    # What starts a node's ranks with torchrun's arguments: torchrun, or a site's wrapper of it
+    # (JSC's "torchrun_jsc"); resilience.ft_launcher picks nvidia-resiliency-ext's ft_launcher.
+    launcher: str = "torchrun"
+    # Appended to the first node's host name for the rendezvous: "i" at JSC, whose "<node>i"
+    # names the InfiniBand interface (the plain name is the Ethernet one).
+    rdzv_host_suffix: str = ""
     mem: str | None = None  # e.g. "0" (all of the node's memory)
     sbatch_flags: list[str] = field(default_factory=list)  # anything else, e.g. "--gres=gpu:8"
     job_dir: str | None = None  # sbatch scripts and Slurm logs; None: <run dir>/slurm
@@ -95,6 +115,8 @@ class Profile:
     fabric: dict[str, str] = field(
         default_factory=dict
     )  # NCCL_IB_*, NCCL_SOCKET_IFNAME, UCX_*, FI_*
+    # slurm-edf: the EDF file's [annotations] (CSCS: the aws-ofi-nccl hook that NCCL needs)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def time_minutes(self) -> float:
@@ -212,6 +234,7 @@ def _check_values(p: Profile, source: str) -> list[tuple[str, str]]:
         problems.append(
             ("container_image", f"{p.executor} needs container_image (see containers/)")
         )
+    problems += _site_problems(p, flagged)
     for i, flag in enumerate(p.sbatch_flags):
         key = f"sbatch_flags[{i}]"
         if key not in flagged and not re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", flag):
@@ -223,6 +246,74 @@ def _check_values(p: Profile, source: str) -> list[tuple[str, str]]:
             problems += err.problems
     problems += _env_name_problems(p.env) + env_problems(p.env) + fabric_problems(p.fabric)
     return problems
+
+
+def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
+    """The keys that fit a job script to a site: each value one the script can use, and the
+    container runtime one the executor (and the batch system) can start."""
+    problems = []
+    if p.gpu_request not in GPU_REQUESTS:
+        problems.append(("gpu_request", f"{p.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}"))
+    if p.network_gb_s is not None and not (math.isfinite(p.network_gb_s) and p.network_gb_s > 0):
+        problems.append(("network_gb_s", f"{p.network_gb_s!r} is not a bandwidth in GB/s above 0"))
+    if "launcher" not in flagged and not re.fullmatch(r"[A-Za-z0-9_./+-]+", p.launcher):
+        problems.append(("launcher", f"{p.launcher!r} is not one command (e.g. torchrun)"))
+    if "rdzv_host_suffix" not in flagged and not re.fullmatch(r"[A-Za-z0-9.-]*", p.rdzv_host_suffix):
+        problems.append(("rdzv_host_suffix", f"{p.rdzv_host_suffix!r} is not a host-name part"))
+    for i, flag in enumerate(p.srun_flags):
+        key = f"srun_flags[{i}]"
+        if key not in flagged and not re.fullmatch(r"--[a-z][a-z0-9_-]*(=.*)?", flag):
+            problems.append((key, f"{flag!r} is not one --option or --option=value"))
+    image = p.container_image or ""
+    if p.executor == "slurm" and image.endswith(".sif"):
+        problems.append(
+            (
+                "container_image",
+                f"{image!r} is an Apptainer image, but executor = \"slurm\" starts pyxis/enroot, which reads registry#image:tag or a .sqsh; use executor = \"slurm-apptainer\", or an enroot image (containers/README.md)",
+            )
+        )
+    if p.executor == "slurm-apptainer" and "#" in image and "://" not in image:
+        problems.append(
+            (
+                "container_image",
+                f"{image!r} is pyxis's registry#image form, which `apptainer exec` would read as a file; give a .sif (apptainer build, containers/README.md) or docker://registry/image:tag",
+            )
+        )
+    if p.psslurm and p.executor in ("slurm", "slurm-edf"):
+        problems.append(
+            (
+                "executor",
+                f"{p.executor} starts its container through pyxis, a SPANK plugin, and psslurm = true (ParaStation, as at JSC) loads none; use executor = \"slurm-apptainer\" or \"slurm-bare\"",
+            )
+        )
+    if p.annotations and p.executor != "slurm-edf":
+        problems.append(("annotations", f"only slurm-edf writes an EDF file; executor is {p.executor!r}"))
+    return problems
+
+
+def placeholders(p: Profile) -> list[str]:
+    """The keys whose values are still to be filled in ("<your-project>"): `recipes run` submits
+    no job with them."""
+    return [key for key, text in _texts(p) if PLACEHOLDER.search(text)]
+
+
+def placeholder_problem(p: Profile, name: str) -> tuple[str, str] | None:
+    """The one problem a profile with placeholders has for a submission, or None."""
+    keys = placeholders(p)
+    if not keys:
+        return None
+    stem = Path(name).stem
+    return (
+        "--profile",
+        f"{name} still holds placeholders (<...>) in {', '.join(keys)}: copy it with "
+        f"`recipes profiles --show {stem} > my-{stem}.toml`, fill them in, and pass "
+        f"--profile my-{stem}.toml (--dryrun renders the job without them)",
+    )
+
+
+def shipped_profiles() -> dict[str, Path]:
+    """The profiles `--profile NAME` finds (launchers/profiles/), by name."""
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.toml"), key=lambda p: p.stem)}
 
 
 def _type_problems(p: Profile) -> list[tuple[str, str]]:
@@ -359,7 +450,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        names = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.toml")))
+        names = ", ".join(shipped_profiles())
         raise ConfigError(
             [
                 (
@@ -450,4 +541,7 @@ def job_cluster(
         nvlink_domain=first(
             size.nvlink_domain, prof.nvlink_domain, published.nvlink_domain if published else None
         ),
+        # The site's network, for the GPU kind the profile names (a --gpu of another kind brings
+        # that kind's own figure).
+        network_gb_s=prof.network_gb_s if size.gpu in (None, prof.gpu) else None,
     )

@@ -10,7 +10,7 @@ for nemo-run 0.11.1:
   be golden files; and it runs srun in the foreground, so a trapped signal would wait for the step.
 Here every value passes through one quoting filter (`q`), values that no script can carry
 (control characters such as newlines, secrets) are refused before rendering (`check_job` checks
-the profile as it is at that moment), and the same template serves all three kinds.
+the profile as it is at that moment), and the same template serves all four kinds.
 `tests/unit/launchers/test_launchers.py` and `tests/unit/launchers/test_hostile_profiles.py` check this with hostile strings
 under `bash -n` and by running the script with a sentinel command.
 """
@@ -30,6 +30,8 @@ from launchers.slurm import (
     Raw,
     SlurmJob,
     check_job,
+    edf_text,
+    rendezvous_host,
     sbatch_options,
     srun_command,
 )
@@ -82,15 +84,20 @@ def render(job: SlurmJob) -> str:
         job=job,
         options=sbatch_options(job),
         srun=shell_join(srun_command(job)),
+        rdzv_host=rendezvous_host(job),
         preflight_exit=PREFLIGHT_EXIT,
     )
 
 
 def write(job: SlurmJob) -> Path:
-    """Render and write the script next to the job's logs; returns its path."""
+    """Render and write the script next to the job's logs (and a slurm-edf job's environment
+    definition beside it); returns the script's path."""
     path = Path(job.script_path)
+    text = render(job)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(job), encoding="utf-8")
+    if job.kind == "slurm-edf":
+        Path(job.edf_path).write_text(edf_text(job), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     return path
 
 

@@ -1,10 +1,18 @@
-"""The three Slurm executors: what one node runs, in each kind of environment.
+"""The four Slurm executors: what one node runs, in each kind of environment.
 
 - `slurm`: pyxis/enroot containers (what NeMo-Run's SlurmExecutor targets): srun --container-image
   with the mounts, the working directory, --no-container-mount-home, --container-writable and, when
   the profile asks, --mpi=pmix.
 - `slurm-apptainer`: `apptainer exec --nv` with --bind mounts, for centres without pyxis.
+- `slurm-edf`: CSCS's Container Engine (Alps): an environment definition file (EDF) written beside
+  the script names the image, mounts, working directory and annotations (hooks); `srun
+  --environment=<that file>` starts the container (pyxis underneath).
 - `slurm-bare`: no container; the batch script activates a venv on a shared filesystem.
+
+What a site needs of the script comes from the profile: the GPU request form (`gpu_request`),
+psslurm's SRUN_CPUS_PER_TASK (`psslurm`), more srun options (`srun_flags`), the launcher (a site's
+torchrun wrapper), and the rendezvous host (`rdzv_host_suffix`: JSC's "<node>i" InfiniBand names,
+with which torchrun's own test for "am I the rendezvous host" fails, so the first node is told).
 
 In every kind srun starts one task per node, and that task is torchrun with the node's ranks
 (nvidia-resiliency-ext's `ft_launcher` with resilience.ft_launcher, which restarts failed ranks in
@@ -12,13 +20,14 @@ the job up to resilience.max_requeues times); the c10d rendezvous runs on the fi
 allocation. A job whose training step fails requeues itself (`scontrol requeue`) while
 SLURM_RESTART_COUNT is below resilience.max_requeues; it resumes from the newest checkpoint.
 `launchers.sbatch` renders the job into a script; `nemo_slurm_executor` gives Python users the same
-job, of any of the three kinds, as a NeMo-Run `SlurmExecutor` for `run.run` / `run.Experiment`
+job, of any kind but slurm-edf, as a NeMo-Run `SlurmExecutor` for `run.run` / `run.Experiment`
 (recipes/nemo.py `executor`), and `nemo_executor` that of a resolved job.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import posixpath
 import re
@@ -50,7 +59,7 @@ Arg = str | tuple[str, ...]
 class SlurmJob:
     """One job of a run, complete: rendering it needs nothing else (and reads no clock)."""
 
-    kind: str  # "slurm", "slurm-apptainer" or "slurm-bare"
+    kind: str  # "slurm", "slurm-apptainer", "slurm-edf" or "slurm-bare"
     name: str  # the Slurm job name
     nodes: int
     procs_per_node: int  # ranks per node: torchrun --nproc-per-node
@@ -71,6 +80,11 @@ class SlurmJob:
     @property
     def script_path(self) -> str:
         return f"{self.job_dir}/{self.name}.sbatch"
+
+    @property
+    def edf_path(self) -> str:
+        """slurm-edf: the Container Engine's environment definition, beside the script."""
+        return f"{self.job_dir}/{self.name}.edf.toml"
 
 
 def slurm_job(
@@ -222,8 +236,10 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
         if value:
             opts.append((option, value))
     opts += [("--nodes", str(job.nodes)), ("--ntasks-per-node", "1")]  # one torchrun per node
-    if job.device != "cpu":
+    if job.device != "cpu" and p.gpu_request == "gpus-per-node":
         opts.append(("--gpus-per-node", str(job.procs_per_node)))
+    elif job.device != "cpu" and p.gpu_request == "gres":
+        opts.append(("--gres", f"gpu:{job.procs_per_node}"))
     if p.cpus_per_task:
         opts.append(("--cpus-per-task", str(p.cpus_per_task)))
     if p.mem:
@@ -252,7 +268,19 @@ def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
 NODE_WRAPPER = Raw(
     """bash -c 'trap "" USR1 && python -m launchers.preflight "$@" && exec "$0" "$@"'"""
 )
+# The same, telling torchrun whether its node hosts the rendezvous (the first node does), where
+# the endpoint is a name torchrun cannot match to its own host (an InfiniBand alias).
+NODE_WRAPPER_IS_HOST = Raw(
+    """bash -c 'trap "" USR1 && python -m launchers.preflight "$@" && """
+    """exec "$0" --rdzv-conf=is_host=$((SLURM_NODEID == 0)) "$@"'"""
+)
 PREFLIGHT_EXIT = 2
+
+
+def rendezvous_host(job: SlurmJob) -> str:
+    """The script's variable holding the rendezvous host: the first node's name, or with the
+    profile's rdzv_host_suffix its high-speed interface's."""
+    return "rdzv_host" if job.profile.rdzv_host_suffix else "head_node"
 
 
 def torchrun_command(job: SlurmJob) -> list[Arg]:
@@ -264,14 +292,15 @@ def torchrun_command(job: SlurmJob) -> list[Arg]:
         # before the job fails and requeues.
         restarts = f"--max-restarts={job.max_requeues}"
     else:
-        launcher = "torchrun"
+        launcher = job.profile.launcher  # torchrun, or a site's wrapper taking its arguments
         restarts = "--max-restarts=0"  # a failed rank fails the job; a requeue or chain resumes
+    wrapper = NODE_WRAPPER_IS_HOST if job.profile.rdzv_host_suffix else NODE_WRAPPER
     return [
-        (NODE_WRAPPER, launcher),
+        (wrapper, launcher),
         f"--nnodes={job.nodes}",
         f"--nproc-per-node={job.procs_per_node}",
         "--rdzv-backend=c10d",
-        Raw(f'--rdzv-endpoint="$head_node":{job.profile.rdzv_port}'),
+        Raw(f'--rdzv-endpoint="${rendezvous_host(job)}":{job.profile.rdzv_port}'),
         Raw('--rdzv-id="$SLURM_JOB_ID"'),
         restarts,
         ("-m", ENTRY_MODULE),
@@ -282,15 +311,14 @@ def torchrun_command(job: SlurmJob) -> list[Arg]:
 def srun_command(job: SlurmJob) -> list[Arg]:
     """srun, one task per node holding all the node's CPUs, wrapped for the job's environment."""
     p = job.profile
-    srun: list[Arg] = [
-        "srun",
-        "--ntasks-per-node=1",
-        # The one task runs every rank of the node: give it all the job's CPUs, bind none.
-        Raw('--cpus-per-task="$SLURM_CPUS_ON_NODE"'),
-        "--cpu-bind=none",
-        "--kill-on-bad-exit=1",
-    ]
+    # The one task runs every rank of the node: give it all the job's CPUs (psslurm: through
+    # SRUN_CPUS_PER_TASK, which the script exports), bind none.
+    cpus = [] if p.psslurm else [Raw('--cpus-per-task="$SLURM_CPUS_ON_NODE"')]
+    srun: list[Arg] = ["srun", "--ntasks-per-node=1", *cpus, "--cpu-bind=none"]
+    srun += ["--kill-on-bad-exit=1", *p.srun_flags]
     mounts = ",".join(str(m) for m in parse_mounts(p.mounts))
+    if job.kind == "slurm-edf":
+        return srun + [f"--environment={job.edf_path}"] + torchrun_command(job)
     if job.kind == "slurm":
         srun += [f"--container-image={p.container_image}"]
         srun += [f"--container-mounts={mounts}"] if mounts else []
@@ -311,6 +339,26 @@ def srun_command(job: SlurmJob) -> list[Arg]:
     return srun + torchrun_command(job)
 
 
+def edf_text(job: SlurmJob) -> str:
+    """The Container Engine's environment definition (TOML) for a slurm-edf job: the image, the
+    mounts, the working directory, a writable container (caches that libraries write beside
+    themselves) and the profile's annotations."""
+
+    def s(value: str) -> str:  # a TOML basic string (JSON's escapes are TOML's; no control chars)
+        return json.dumps(value, ensure_ascii=False)
+
+    p = job.profile
+    lines = [f"image = {s(p.container_image or '')}"]
+    mounts = [str(m) for m in parse_mounts(p.mounts)]
+    lines.append(f"mounts = [{', '.join(s(m) for m in mounts)}]")
+    if p.workdir:
+        lines.append(f"workdir = {s(p.workdir)}")
+    lines.append("writable = true")
+    if p.annotations:
+        lines += ["", "[annotations]"] + [f"{s(k)} = {s(v)}" for k, v in p.annotations.items()]
+    return "\n".join(lines) + "\n"
+
+
 def nemo_slurm_executor(
     p: Profile,
     nodes: int,
@@ -319,16 +367,33 @@ def nemo_slurm_executor(
     env: Mapping[str, str],
     job_dir: str | None = None,
 ) -> Any:
-    """NeMo-Run's SlurmExecutor for a profile of any of the three kinds: the job `srun_command`
+    """NeMo-Run's SlurmExecutor for a profile of any kind but slurm-edf: the job `srun_command`
     renders, in NeMo-Run's own template (which writes environment values into the script, so
     export secrets in your shell rather than passing them in `env`). NeMo-Run's job folders (its
     sbatch script, logs, serialized task) go to `job_dir`, else the profile's, else beside the runs.
     """
     import nemo_run as run
 
+    unsupported = [
+        (key, why)
+        for key, why in (
+            ("executor", "slurm-edf: NeMo-Run's SlurmExecutor has no Container Engine mode"),
+            ("launcher", f"{p.launcher}: NeMo-Run starts torchrun itself"),
+            ("rdzv_host_suffix", "NeMo-Run names the rendezvous host itself"),
+        )
+        if (key == "executor" and p.executor == "slurm-edf")
+        or (key == "launcher" and p.launcher != "torchrun")
+        or (key == "rdzv_host_suffix" and p.rdzv_host_suffix)
+    ]
+    if unsupported:
+        raise ConfigError(
+            [(k, f"{why}; launch this profile with `recipes run`") for k, why in unsupported]
+        )
     mounts = [str(m) for m in parse_mounts(p.mounts)]
-    srun_args = ["--cpu-bind=none"]
+    srun_args = ["--cpu-bind=none", *p.srun_flags]
     setup = list(p.setup)
+    if p.psslurm:  # srun inherits --cpus-per-task only through this under psslurm
+        setup.append('export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')
     image, container_mounts = None, []
     if p.executor == "slurm":  # pyxis: NeMo-Run's own container flags
         image, container_mounts = p.container_image, mounts
@@ -351,7 +416,8 @@ def nemo_slurm_executor(
         time=p.time,
         nodes=nodes,
         ntasks_per_node=per_node,
-        gpus_per_node=per_node if device != "cpu" else None,
+        gpus_per_node=per_node if device != "cpu" and p.gpu_request == "gpus-per-node" else None,
+        gres=f"gpu:{per_node}" if device != "cpu" and p.gpu_request == "gres" else None,
         cpus_per_task=p.cpus_per_task,
         mem=p.mem,
         exclusive=p.exclusive or None,

@@ -11,12 +11,20 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from config.cost.memory import MEMORY_MARGIN
 from config.hardware import GPUS, Cluster
 from config.tree import ConfigError, to_dict, to_yaml
 from data.tools.cli import add_data_parser, cmd_data
-from launchers.profile import EXECUTORS, JobSize, Profile, job_cluster, load_profile
+from launchers.profile import (
+    EXECUTORS,
+    JobSize,
+    Profile,
+    job_cluster,
+    load_profile,
+    placeholders,
+)
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.advice.plan import LAYOUT_FIELDS, pinned, plan
 from recipes.advice.plan_text import render as render_plans
@@ -112,13 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster profile (a TOML file, or a name in launchers/profiles/): the executor, account, "
         "wall time, container or venv, and the job's default size",
     )
-    p.add_argument("--executor", choices=EXECUTORS, default="local")
+    p.add_argument(
+        "--executor", choices=EXECUTORS, help="default: the profile's, else local (this machine)"
+    )
     p.add_argument(
         "--device", choices=["cpu", "cuda"], help="cpu runs the CPU smoke mode over gloo"
     )
     p.add_argument("--shrink", action="store_true", help="tiny model, same topology and features")
     p.add_argument("--dryrun", action="store_true", help="print what would run, launch nothing")
     p.add_argument("--chain", type=int, default=1, help="Slurm: K jobs, each resuming the previous")
+    p = sub.add_parser("profiles", help="list the cluster profiles shipped (--profile NAME)")
+    p.add_argument("--show", metavar="NAME", help="print one profile's TOML, to copy and fill in")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("runs", help="list past runs: state, step, last loss, run directory")
     p.add_argument("--json", action="store_true")
     p.add_argument(
@@ -205,8 +218,19 @@ def sized(recipe: Recipe, args: argparse.Namespace) -> tuple[Cluster, Profile | 
 def cmd_check(args: argparse.Namespace) -> int:
     recipe, cfg = resolve(args.recipe, args.overrides)
     margin = _margin(args)
-    report = check(cfg, sized(recipe, args)[0], pinned=pinned(cfg, args.overrides), margin=margin)
-    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    cluster, profile = sized(recipe, args)
+    report = check(cfg, cluster, pinned=pinned(cfg, args.overrides), margin=margin)
+    unfilled = placeholders(profile) if profile else []
+    if args.json:
+        print(json.dumps(report.to_json() | {"profile_placeholders": unfilled}, indent=2))
+    else:
+        print(render(report))
+        if unfilled:
+            print(
+                f"profile {args.profile}: {', '.join(unfilled)} still hold placeholders (<...>); "
+                f"`recipes run` submits no job until they are filled in a copy "
+                f"(recipes profiles --show {Path(args.profile).stem} > my.toml)"
+            )
     return report.exit_code
 
 
@@ -246,6 +270,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
         )
     return 0 if plans else EXIT_NO_FIT
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """`recipes profiles`: a line per shipped profile (its size, GPU kind, network, executor and
+    what it is); `--show NAME` its file as it is, to copy."""
+    from launchers.profile import profile_path, shipped_profiles
+
+    if args.show:
+        path = profile_path(args.show)
+        if not path.is_file():
+            load_profile(args.show)  # the error that names the shipped ones
+        print(path.read_text(encoding="utf-8"), end="")
+        return 0
+    rows: list[dict[str, Any]] = []
+    for name, path in shipped_profiles().items():
+        prof = load_profile(path)
+        about = path.read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+        cluster = job_cluster(None, prof, JobSize(nodes=prof.nodes or 1))
+        rows.append(
+            {
+                "name": name,
+                "executor": prof.executor,
+                "gpus_per_node": prof.gpus_per_node,
+                "gpu": prof.gpu,
+                "network_gb_s": cluster.network if cluster.gpu != "cpu" else None,
+                "placeholders": placeholders(prof),
+                "about": about,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        net = f"{r['network_gb_s']:g} GB/s" if r["network_gb_s"] else "-"
+        size = f"{r['gpus_per_node']} x {r['gpu']}"
+        print(f"{r['name']:<{width}}  {size:<12}  {net:>9}  {r['executor']:<15}  {r['about']}")
+    print("copy one to fill in its <...> values: recipes profiles --show NAME > my.toml")
+    return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -338,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
     commands["plan"] = cmd_plan
     commands["runs"] = cmd_runs
+    commands["profiles"] = cmd_profiles
     commands["data"] = cmd_data
     commands["import"] = commands["export"] = cmd_convert
     try:

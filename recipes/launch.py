@@ -4,7 +4,7 @@
     -> the input files exist where the ranks will look (launchers/inputs.py; else 2)
     -> run directory (logging.run_dir, or runs/<recipe>-<UTC time>) -> config.yaml
     -> local: NeMo-Run LocalExecutor + torchrun, in the foreground
-    -> slurm, slurm-apptainer, slurm-bare: an sbatch script per launchers/, submitted (--chain K)
+    -> slurm, slurm-apptainer, slurm-edf, slurm-bare: an sbatch script per launchers/, submitted (--chain K)
 
 Every rank runs only `python -m training.entry --config <run dir>/config.yaml`. The last line a
 real run prints is `run directory: PATH`. The steps before the launch are `prepare`, which the
@@ -24,7 +24,14 @@ from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides, to_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
-from launchers.profile import JobSize, Profile, job_cluster, load_profile, replace
+from launchers.profile import (
+    JobSize,
+    Profile,
+    job_cluster,
+    load_profile,
+    placeholder_problem,
+    replace,
+)
 from launchers.resume import check_resume
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.advice.plan import pinned as pinned_fields
@@ -89,14 +96,14 @@ def run_command(
     overrides: list[str],
     size: JobSize,
     *,
-    executor: str = "local",
+    executor: str | None = None,
     profile: str | None = None,
     shrink: bool = False,
     dryrun: bool = False,
     chain: int = 1,
 ) -> int:
-    """`recipes run RECIPE [OVERRIDES...]`: the job's size, the executor (`executor` other than
-    local overrides the profile's), `--shrink`, `--dryrun` and `--chain K`; the exit code."""
+    """`recipes run RECIPE [OVERRIDES...]`: the job's size, the executor (the profile's unless
+    `executor` is local; `_profile`), `--shrink`, `--dryrun` and `--chain K`; the exit code."""
     prof = _profile(executor, profile)
     found = get(recipe)
     cluster = job_cluster(found.cluster, prof, size)
@@ -114,6 +121,8 @@ def run_command(
     apply_overrides(cfg, overrides)
     if prof.executor == "local":
         check_local(cluster.num_nodes, chain)
+    elif not dryrun and profile and (unfilled := placeholder_problem(prof, profile)):
+        raise ConfigError([unfilled])
     try:
         run_dir = prepare(cfg, cluster, prof, pinned=pinned_fields(cfg, overrides))
     except Refused as refused:
@@ -137,19 +146,36 @@ def check_local(nodes: int, chain: int = 1) -> None:
         )
 
 
-def _profile(executor: str, path: str | None) -> Profile:
-    """The cluster profile; an executor other than the default `local` overrides its executor."""
+# A shipped profile of each containerised executor, for the hint when --profile is missing.
+EXAMPLE_PROFILE = {"slurm": "slurm", "slurm-apptainer": "slurm-apptainer", "slurm-edf": "alps"}
+
+
+def _profile(executor: str | None, path: str | None) -> Profile:
+    """The cluster profile, run with its own executor; `executor` (--executor) may only say the
+    same, or `local` (this machine, sized by the profile). Another Slurm executor would start the
+    profile's container_image with a runtime it was not made for (a .sif through pyxis)."""
     if path:
         profile = load_profile(path)
-        if executor != "local" and executor != profile.executor:
-            profile = replace(profile, executor=executor)
-        return profile
-    if executor in ("slurm", "slurm-apptainer"):
+        if executor is None or executor == profile.executor:
+            return profile
+        if executor == "local":
+            return replace(profile, executor="local")
+        raise ConfigError(
+            [
+                (
+                    "--executor",
+                    f"{executor} contradicts the profile {path!r}, whose jobs run with executor = {profile.executor!r}"
+                    + (f" (container_image {profile.container_image!r})" if profile.containerised else "")
+                    + f": drop --executor, or use a profile made for {executor} (launchers/profiles/{executor}.toml is one to copy)",
+                )
+            ]
+        )
+    if executor in ("slurm", "slurm-apptainer", "slurm-edf"):
         raise ConfigError(
             [
                 (
                     "--profile",
-                    f"--executor {executor} needs a cluster profile with container_image and mounts: --profile FILE, see launchers/profiles/{executor}.toml",
+                    f"--executor {executor} needs a cluster profile with container_image and mounts: --profile FILE, see launchers/profiles/{EXAMPLE_PROFILE[executor]}.toml (recipes profiles lists them all)",
                 )
             ]
         )
@@ -202,7 +228,7 @@ def _run_slurm(
     chain: int,
 ) -> int:
     from launchers import sbatch
-    from launchers.slurm import slurm_job
+    from launchers.slurm import edf_text, slurm_job
 
     ranks_cfg, job = slurm_job(
         cfg,
@@ -215,6 +241,9 @@ def _run_slurm(
     text = sbatch.render(job)
     if dryrun:
         print(to_yaml(ranks_cfg), end="")
+        if job.kind == "slurm-edf":
+            print(f"# {job.edf_path}")
+            print(edf_text(job), end="")
         print(f"# {job.script_path}")
         print(text, end="")
         if chain > 1:

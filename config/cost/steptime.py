@@ -137,7 +137,7 @@ def layer_costs(
         return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
 
     rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
-    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
 
     def link(block: int) -> float:
         return net if cluster.crosses(block) else nvl
@@ -426,7 +426,7 @@ def predict(
     t, c = par.tensor_model_parallel_size, par.context_parallel_size
     tokens = m.seq_length * cfg.train.micro_batch_size / c
     sp = t if par.sequence_parallel and t > 1 else 1
-    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], spec.network_gb_s * 1e9 * k["network"]
+    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
     send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
     step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
 

@@ -42,10 +42,11 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     etp = d.expert_tensor_parallel_size
     ep = par.expert_model_parallel_size
     spec = cluster.spec
+    net = cluster.network
     slower = (
-        f"; the network carries {spec.network_gb_s:g} GB/s per GPU against NVLink's "
-        f"{spec.nvlink_gb_s:g}, {spec.nvlink_gb_s / spec.network_gb_s:.0f}x less"
-        if spec.network_gb_s
+        f"; the network carries {net:g} GB/s per GPU against NVLink's "
+        f"{spec.nvlink_gb_s:g}, {spec.nvlink_gb_s / net:.0f}x less"
+        if net
         else ""
     )
     where = f"NVLink domains of {domain} GPUs ({cluster.gpu}, {world} GPUs)"

@@ -26,14 +26,14 @@ from tests.support import children
 from tests.support.golden_sbatch import sbatch_goldens
 from tests.unit.launchers.test_launchers import job_of, problems, run_script, tiny
 
-KINDS = ["slurm", "slurm-apptainer", "slurm-bare"]
+KINDS = ["slurm", "slurm-apptainer", "slurm-edf", "slurm-bare"]
 
 
 def base(kind: str = "slurm", root: str = "/lustre/llm") -> dict:
     """A valid profile of `kind` whose mount covers `root`."""
     return {
         "executor": kind,
-        "container_image": "img.sqsh",
+        "container_image": "img.sif" if kind == "slurm-apptainer" else "img.sqsh",
         "mounts": [f"{root}:/data"],
         "venv": "/venv",
         "time": "02:00:00",
@@ -82,6 +82,10 @@ FIELDS = [
     ("mounts[0]", {"mounts": ["/lustre/llm{c}:/data"]}),
     ("env.HF_HOME", {"env": {"HF_HOME": "/hf{c}home"}}),
     ("fabric.NCCL_IB_HCA", {"fabric": {"NCCL_IB_HCA": "mlx5{c}"}}),
+    ("launcher", {"launcher": "torchrun{c}"}),
+    ("rdzv_host_suffix", {"rdzv_host_suffix": "i{c}"}),
+    ("srun_flags[0]", {"srun_flags": ["--exclusive{c}"]}),
+    ("annotations.a", {"executor": "slurm-edf", "annotations": {"a": "b{c}"}}),
 ]
 # fmt: on
 

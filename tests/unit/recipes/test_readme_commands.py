@@ -37,10 +37,13 @@ from tests.support import children
 from training.checkpoint import dirs as checkpoint_dirs
 
 REPO = Path(__file__).resolve().parents[3]
-FAST = ("list", "show", "check", "plan", "runs")
+FAST = ("list", "show", "check", "plan", "runs", "profiles")
 # `recipes run` lines whose inputs are the reader's own files (absolute paths on the machine that
 # launches locally): the launcher refuses them here, as it should.
-YOUR_FILES = ("recipes run llama3_8b_sft data.path=/data/",)
+YOUR_FILES = (
+    "recipes run llama3_8b_sft data.path=/data/",
+    "recipes run llama3_8b_pretrain --profile my-",  # a site profile the reader filled in
+)
 
 
 def code_lines() -> list[str]:
@@ -59,6 +62,7 @@ def readme_commands() -> list[str]:
     for line in code_lines():
         if not line.startswith((".venv/bin/recipes ", "recipes ")):
             continue
+        line = line.split(" > ", 1)[0]  # what the shell writes into a file, the test reads
         words = shlex.split(line)
         if len(words) < 2 or line.startswith(YOUR_FILES):
             continue
