@@ -1,21 +1,22 @@
 """Checkpoints and resume, end to end: real 2-process torchrun jobs of a tiny GPT on the CPU.
 
 - Exact resume: 8 steps in one job == 4 steps, stop, resume, 4 steps, float for float (loss,
-  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2, PP=2, LoRA and
-  Megatron-FSDP. The layouts' jobs are grouped (fixture `chains`): on
-  two cores a launch's start-up costs as much as its training, so each phase of the chains is one
-  torchrun launch of tests/smoke/run_many.py training every layout's config one after another
-  (3 launches, not 3 per layout): the straight references, then the first halves, stopped by
-  SIGUSR1 after step 10 (run_many applies signal_at_step.py's patch to each), then the resumes.
-  Each config keeps its own run and checkpoint directory, and each layout is its own test case on
-  its own chain.
+  grad norm and LR from metrics.jsonl), for DP=2 (distributed optimizer), TP=2, PP=2, LoRA,
+  Megatron-FSDP, and indexed data made here (BPE tokenizer + JSONL -> .bin/.idx). The layouts'
+  jobs are grouped (fixture `launched`): on two cores a launch's start-up costs as much as its
+  training, so each phase of the chains is one torchrun launch of tests/smoke/run_many.py training
+  every layout's config one after another (3 launches, not 3 per layout): the straight references,
+  then the first halves, stopped by SIGUSR1 after step STOP_AT (run_many applies
+  signal_at_step.py's patch to each), then the resumes. Each config keeps its own run and
+  checkpoint directory, and each layout is its own test case on its own chain.
+- In the same launches: the indexed straight run keeps its last two checkpoints and removes a
+  stale .tmp folder, never loading it; a run with train.exit_duration_minutes saves before it
+  exits.
 - A job chain as Slurm runs it: job 1 gets SIGUSR1 (one rank only), saves and exits 0; job 2 is
   SIGKILLed while its final checkpoint is being written; job 3 resumes from job 1's checkpoint, never
   from the half-written one, and repeats job 2's losses exactly.
-- Indexed data made here (BPE tokenizer + JSONL -> .bin/.idx) resumes exactly; keep_last prunes;
-  a stale .tmp folder is never loaded and is removed.
-- train.exit_duration_minutes saves before it exits; the GPU's asynchronous save path, run on the
-  CPU, publishes complete checkpoints that resume exactly.
+- The GPU's asynchronous save path, run on the CPU, publishes complete checkpoints that resume
+  exactly.
 
 The other tests kill processes or use another entry point, so each of their jobs is its own
 `torchrun --standalone --nproc-per-node 2` with OMP_NUM_THREADS=1; signal_at_step.py and
@@ -198,9 +199,14 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "lora_pp2": {"parallel.pipeline_model_parallel_size": 2, "peft.scheme": "lora"},
     # Megatron-FSDP: fsdp_dtensor checkpoints through torch DCP.
     "fsdp_dp2": {"parallel.use_megatron_fsdp": True},
+    # Indexed data made here (the chains fixture adds data.path and data.tokenizer), saved at
+    # every step and pruned to the last two.
+    "indexed": {"data.kind": "indexed", "checkpoint.save_interval": 1, "checkpoint.keep_last": 2},
 }
 CHAIN_STEPS = 8  # past the 2 warmup steps on both sides of the stop
 STOP_AT = 4
+# train.exit_duration_minutes of the timed run: 6 ms, over after its first step.
+EXIT_AFTER_MINUTES = 1e-4
 
 
 def run_together(jobs: list[Job], stop_at: int | None = None) -> list[Outcome]:
@@ -229,19 +235,45 @@ class Chain:
         return outcome
 
 
+@dataclass
+class Launched:
+    """What the chains' three launches trained: each layout's chain; the straight indexed run's
+    stale .tmp folder (left there as a crashed job leaves one); the timed run, which trained
+    first in the straight launch."""
+
+    chains: dict[str, Chain]
+    stale: Path
+    timed: Job
+    timed_outcome: Outcome
+
+
 @pytest.fixture(scope="module")
-def chains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Chain]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     """The layouts' chains: each phase one launch for all of them."""
     tmp = tmp_path_factory.mktemp("resume")
+    tokenizer, prefix = _indexed_corpus(tmp)
+    data = {"data.path": str(prefix), "data.tokenizer": str(tokenizer)}
+    layouts = {n: o | (data if n == "indexed" else {}) for n, o in LAYOUTS.items()}
     steps = {"train.max_steps": CHAIN_STEPS}
-    references = [Job(tmp, f"straight_{n}", layout | steps) for n, layout in LAYOUTS.items()]
-    chained = [Job(tmp, f"chained_{n}", layout | steps) for n, layout in LAYOUTS.items()]
-    straight = run_together(references)
+    references = [Job(tmp, f"straight_{n}", layout | steps) for n, layout in layouts.items()]
+    chained = [Job(tmp, f"chained_{n}", layout | steps) for n, layout in layouts.items()]
+    timed = Job(tmp, "timed", {"train.exit_duration_minutes": EXIT_AFTER_MINUTES})
+    # Left by a crashed job: complete-looking inside, but never published.
+    stale = references[-1].ckpt_dir / (dirs.iter_name(99) + dirs.TMP_SUFFIX)
+    stale.mkdir(parents=True)
+    (stale / dirs.STATE_FILE).write_text("{}")
+    timed_outcome, *straight = run_together([timed, *references])
     first = run_together(chained, stop_at=STOP_AT)
     after_first = [(job.latest_step(), len(job.metrics())) for job in chained]
     second = run_together(chained)
     parts = zip(references, chained, straight, first, after_first, second, strict=True)
-    return {name: Chain(*chain) for name, chain in zip(LAYOUTS, parts, strict=True)}
+    chains = {name: Chain(*chain) for name, chain in zip(LAYOUTS, parts, strict=True)}
+    return Launched(chains, stale, timed, timed_outcome)
+
+
+@pytest.fixture(scope="module")
+def chains(launched: Launched) -> dict[str, Chain]:
+    return launched.chains
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -311,39 +343,24 @@ def _indexed_corpus(root: Path) -> tuple[Path, Path]:
     return Path(tokenizer), prefix
 
 
-def test_indexed_data_resumes_exactly_and_keep_last_prunes(tmp_path: Path) -> None:
-    tokenizer, prefix = _indexed_corpus(tmp_path)
-    data = {
-        "data.kind": "indexed",
-        "data.path": str(prefix),
-        "data.tokenizer": str(tokenizer),
-        "train.max_steps": 6,
-        "checkpoint.save_interval": 1,
-        "checkpoint.keep_last": 2,
-    }
-    reference = Job(tmp_path, "straight", data)
-    # Left by a crashed job: complete-looking inside, but never published.
-    stale = reference.ckpt_dir / (dirs.iter_name(99) + dirs.TMP_SUFFIX)
-    stale.mkdir(parents=True)
-    (stale / dirs.STATE_FILE).write_text("{}")
-    out = reference.run()
-    assert "resumed from" not in out and not stale.exists()
-    kept = sorted(p.name for p in reference.ckpt_dir.iterdir() if p.name != dirs.LOCK_FILE)
-    assert kept == [dirs.iter_name(5), dirs.iter_name(6), dirs.LATEST_FILE]
-    assert (reference.ckpt_dir / dirs.LATEST_FILE).read_text().strip() == dirs.iter_name(6)
-
-    chained = Job(tmp_path, "chained", data)
-    chained.run(stop_at=3)
-    assert chained.latest_step() == 3
-    assert f"resumed from {chained.ckpt_dir / dirs.iter_name(3)} at step 3" in chained.run()
-    assert len(reference.metrics()) == 6
-    assert trace(chained.metrics()) == trace(reference.metrics())
+def test_keep_last_prunes_and_a_stale_tmp_is_never_loaded(launched: Launched) -> None:
+    """The indexed layout's straight run saves at every step and keeps the last two; the .tmp
+    folder a crashed job left is removed, never loaded. (Its exact resume is
+    test_resume_is_exact[indexed].)"""
+    chain = launched.chains["indexed"]
+    reference = chain.check(chain.straight, "the straight run")
+    assert "resumed from" not in reference.log and not launched.stale.exists()
+    ckpt_dir = chain.reference.ckpt_dir
+    kept = sorted(p.name for p in ckpt_dir.iterdir() if p.name != dirs.LOCK_FILE)
+    last = [dirs.iter_name(CHAIN_STEPS - 1), dirs.iter_name(CHAIN_STEPS)]
+    assert kept == [*last, dirs.LATEST_FILE]
+    assert (ckpt_dir / dirs.LATEST_FILE).read_text().strip() == dirs.iter_name(CHAIN_STEPS)
 
 
-def test_exit_duration_saves_and_exits(tmp_path: Path) -> None:
+def test_exit_duration_saves_and_exits(launched: Launched) -> None:
     """train.exit_duration_minutes ends the loop early, at a step boundary, with a checkpoint."""
-    job = Job(tmp_path, "timed", {"train.exit_duration_minutes": 1e-4})  # 6 ms: after step 1
-    job.run()
+    outcome, job = launched.timed_outcome, launched.timed
+    assert outcome.error is None, outcome.failure("the timed run")
     steps = [r["step"] for r in job.metrics()]
     assert steps and steps[-1] < 20
     assert job.latest_step() == steps[-1]

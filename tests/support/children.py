@@ -32,7 +32,9 @@ from contextlib import contextmanager
 from typing import Any
 
 MARKER = "RECIPES_TEST_CHILD"  # space-separated tokens: the sessions and children it belongs to
-GRACE_S = 5.0  # between SIGTERM and SIGKILL
+# Between SIGTERM and SIGKILL; RECIPES_TEST_GRACE_S shortens it where a test stops processes
+# that ignore SIGTERM on purpose (tests/unit/test_children.py).
+GRACE_S = float(os.environ.get("RECIPES_TEST_GRACE_S", "5"))
 KILL_WAIT_S = 30.0  # for the kernel to take what SIGKILL ended (bounded, never expected to pass)
 POLL_S = 0.05
 # Delivered after a stop, never during one: an interrupt in the middle would leave the rest running.

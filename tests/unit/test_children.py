@@ -80,7 +80,9 @@ def test_no_process_of_a_stopped_test_is_left(tmp_path: Path, how: str) -> None:
     if how.startswith("xdist_"):
         cmd += ["-n", "1"]
     # Unbuffered: a pytest that has to be killed still leaves its log to read.
+    # Its helpers ignore SIGTERM: they wait out the grace before SIGKILL, 1 s here, not 5.
     env = os.environ | {UP_ENV: str(up), HOW_ENV: how, "PYTHONUNBUFFERED": "1"}
+    env["RECIPES_TEST_GRACE_S"] = "1"
     log = tmp_path / "pytest.log"
     with (
         log.open("w") as out,
