@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from config.cost import steptime as perf  # noqa: E402
 from config.rules import derive  # noqa: E402
-from launchers.profile import JobSize, job_cluster  # noqa: E402
+from launchers.jobsize import JobSize, job_cluster  # noqa: E402
 from recipes.advice.plan import plan  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 from tests.support.published_runs import RUNS, PublishedRun  # noqa: E402

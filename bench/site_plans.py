@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launchers.profile import JobSize, job_cluster, load_profile  # noqa: E402
+from launchers.jobsize import JobSize, job_cluster  # noqa: E402
+from launchers.profile import load_profile  # noqa: E402
 from recipes.advice.plan import plan  # noqa: E402
 from recipes.registry import get  # noqa: E402
 

@@ -10,9 +10,7 @@ newline ends an #SBATCH line, and Slurm reads no option after the next command),
 in the error, never shown), `time` in Slurm's formats and a margin sbatch --signal can take.
 `check_profile` runs on load, on `replace`, and again on the profile a job is rendered with.
 
-`job_cluster` sizes the job every command judges and launches (`recipes check`, `plan`, `run` on
-every executor, the NeMo-Run entry points): the command line, then the profile, then the recipe's
-published run.
+launchers/jobsize.py sizes the job from the command line, then the profile, then the recipe.
 
     executor = "slurm"                       # slurm | slurm-apptainer | slurm-edf | slurm-bare | local
     account = "llm"
@@ -36,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.hardware import Cluster, gpu_kind_problem
+from config.hardware import gpu_kind_problem
 from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
@@ -253,12 +251,16 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
     container runtime one the executor (and the batch system) can start."""
     problems = []
     if p.gpu_request not in GPU_REQUESTS:
-        problems.append(("gpu_request", f"{p.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}"))
+        problems.append(
+            ("gpu_request", f"{p.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+        )
     if p.network_gb_s is not None and not (math.isfinite(p.network_gb_s) and p.network_gb_s > 0):
         problems.append(("network_gb_s", f"{p.network_gb_s!r} is not a bandwidth in GB/s above 0"))
     if "launcher" not in flagged and not re.fullmatch(r"[A-Za-z0-9_./+-]+", p.launcher):
         problems.append(("launcher", f"{p.launcher!r} is not one command (e.g. torchrun)"))
-    if "rdzv_host_suffix" not in flagged and not re.fullmatch(r"[A-Za-z0-9.-]*", p.rdzv_host_suffix):
+    if "rdzv_host_suffix" not in flagged and not re.fullmatch(
+        r"[A-Za-z0-9.-]*", p.rdzv_host_suffix
+    ):
         problems.append(("rdzv_host_suffix", f"{p.rdzv_host_suffix!r} is not a host-name part"))
     for i, flag in enumerate(p.srun_flags):
         key = f"srun_flags[{i}]"
@@ -269,7 +271,7 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
         problems.append(
             (
                 "container_image",
-                f"{image!r} is an Apptainer image, but executor = \"slurm\" starts pyxis/enroot, which reads registry#image:tag or a .sqsh; use executor = \"slurm-apptainer\", or an enroot image (containers/README.md)",
+                f'{image!r} is an Apptainer image, but executor = "slurm" starts pyxis/enroot, which reads registry#image:tag or a .sqsh; use executor = "slurm-apptainer", or an enroot image (containers/README.md)',
             )
         )
     if p.executor == "slurm-apptainer" and "#" in image and "://" not in image:
@@ -283,11 +285,13 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
         problems.append(
             (
                 "executor",
-                f"{p.executor} starts its container through pyxis, a SPANK plugin, and psslurm = true (ParaStation, as at JSC) loads none; use executor = \"slurm-apptainer\" or \"slurm-bare\"",
+                f'{p.executor} starts its container through pyxis, a SPANK plugin, and psslurm = true (ParaStation, as at JSC) loads none; use executor = "slurm-apptainer" or "slurm-bare"',
             )
         )
     if p.annotations and p.executor != "slurm-edf":
-        problems.append(("annotations", f"only slurm-edf writes an EDF file; executor is {p.executor!r}"))
+        problems.append(
+            ("annotations", f"only slurm-edf writes an EDF file; executor is {p.executor!r}")
+        )
     return problems
 
 
@@ -468,80 +472,3 @@ def load_profile(path: str | Path) -> Profile:
 def replace(profile: Profile, **changes: Any) -> Profile:
     """A checked copy with some fields changed (e.g. the executor chosen on the command line)."""
     return check_profile(dataclasses.replace(profile, **changes))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobSize:
-    """The job's size as a command gives it (`--nodes`, `--gpus-per-node`, `--gpu`,
-    `--nvlink-domain`, `recipes run --device`); None is not given."""
-
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    gpu: str | None = None  # a GPU kind (config/hardware.py GPUS) or "cpu"
-    nvlink_domain: int | None = None  # GPUs joined by NVLink; None: the GPU kind's, else a node
-    device: str | None = None  # "cpu": the CPU smoke mode whatever the GPU kind; "cuda": GPUs
-
-
-CPU_NODES, CPU_PROCESSES = 1, 2  # the CPU mode of a recipe published for GPUs: one node, 2 ranks
-
-
-def job_cluster(
-    published: Cluster | None, profile: Profile | None = None, size: JobSize | None = None
-) -> Cluster:
-    """The cluster a command judges and launches on: each value from `size` (the command line),
-    else the profile's default, else the recipe's `published` run (None for a config outside the
-    catalog: then the command or the profile must give it).
-
-    The CPU mode (`device="cpu"`, or the GPU kind resolving to "cpu" without `device="cuda"`) runs
-    a recipe published for GPUs on one node of two processes unless the command or the profile
-    says otherwise, not on its GPU count. A count of 0 or less is kept, for the checker to refuse
-    with the field's name.
-    """
-    size = size or JobSize()
-    unknown = gpu_kind_problem(size.gpu) if size.gpu is not None else None
-    if unknown:
-        raise ConfigError([("--gpu", unknown)])
-    prof = profile or Profile(executor="local")
-    kind = size.gpu or prof.gpu or (published.gpu if published else None)
-    cpu = size.device == "cpu" or (size.device is None and kind == "cpu")
-    cpu_default = cpu and (published is None or published.gpu != "cpu")
-
-    def first(*values: int | None) -> int | None:  # 0 counts as given: the checker refuses it
-        return next((v for v in values if v is not None), None)
-
-    nodes = first(
-        size.nodes,
-        prof.nodes,
-        CPU_NODES if cpu_default else None,
-        published.num_nodes if published else None,
-    )
-    per_node = first(
-        size.gpus_per_node,
-        prof.gpus_per_node,
-        CPU_PROCESSES if cpu_default else None,
-        published.gpus_per_node if published else None,
-    )
-    gpu = "cpu" if cpu else kind
-    if nodes is None or per_node is None or gpu is None:
-        raise ConfigError(
-            [
-                (key, f"not given: pass {flag}, or set {key} in the cluster profile")
-                for key, flag, value in (
-                    ("nodes", "--nodes N", nodes),
-                    ("gpus_per_node", "--gpus-per-node G", per_node),
-                    ("gpu", "--gpu KIND", gpu),
-                )
-                if value is None
-            ]
-        )
-    return Cluster(
-        num_nodes=nodes,
-        gpus_per_node=per_node,
-        gpu=gpu,
-        nvlink_domain=first(
-            size.nvlink_domain, prof.nvlink_domain, published.nvlink_domain if published else None
-        ),
-        # The site's network, for the GPU kind the profile names (a --gpu of another kind brings
-        # that kind's own figure).
-        network_gb_s=prof.network_gb_s if size.gpu in (None, prof.gpu) else None,
-    )

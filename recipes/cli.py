@@ -17,14 +17,8 @@ from config.cost.memory import MEMORY_MARGIN
 from config.hardware import GPUS, Cluster
 from config.tree import ConfigError, to_dict, to_yaml
 from data.tools.cli import add_data_parser, cmd_data
-from launchers.profile import (
-    EXECUTORS,
-    JobSize,
-    Profile,
-    job_cluster,
-    load_profile,
-    placeholders,
-)
+from launchers.jobsize import JobSize, job_cluster
+from launchers.profile import EXECUTORS, Profile, load_profile, placeholders
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.advice.plan import LAYOUT_FIELDS, pinned, plan
 from recipes.advice.plan_text import render as render_plans

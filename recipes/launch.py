@@ -24,14 +24,8 @@ from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides, to_yaml
 from launchers.env import EnvPlan, plan_env
 from launchers.inputs import check_inputs
-from launchers.profile import (
-    JobSize,
-    Profile,
-    job_cluster,
-    load_profile,
-    placeholder_problem,
-    replace,
-)
+from launchers.jobsize import JobSize, job_cluster
+from launchers.profile import Profile, load_profile, placeholder_problem, replace
 from launchers.resume import check_resume
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, check, render
 from recipes.advice.plan import pinned as pinned_fields
@@ -165,7 +159,11 @@ def _profile(executor: str | None, path: str | None) -> Profile:
                 (
                     "--executor",
                     f"{executor} contradicts the profile {path!r}, whose jobs run with executor = {profile.executor!r}"
-                    + (f" (container_image {profile.container_image!r})" if profile.containerised else "")
+                    + (
+                        f" (container_image {profile.container_image!r})"
+                        if profile.containerised
+                        else ""
+                    )
                     + f": drop --executor, or use a profile made for {executor} (launchers/profiles/{executor}.toml is one to copy)",
                 )
             ]

@@ -41,7 +41,8 @@ from config.hardware import GPUS, Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import plan_env
-from launchers.profile import JobSize, Profile, job_cluster, load_profile, profile_path, replace
+from launchers.jobsize import JobSize, job_cluster
+from launchers.profile import Profile, load_profile, profile_path, replace
 from recipes.registry import all_recipes, get
 from training.entry import pretrain
 

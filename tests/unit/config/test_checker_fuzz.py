@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from config.schema import Range, TrainingConfig
 from config.tree import ConfigError, apply_overrides, field_types, get_path, out_of_range
-from launchers.profile import JobSize, job_cluster
+from launchers.jobsize import JobSize, job_cluster
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
 from recipes.cli import main
 from recipes.registry import resolve

@@ -38,7 +38,9 @@ def test_the_base_is_an_ngc_pytorch_release() -> None:
 
 def test_the_site_profiles_images_are_the_formats_the_commands_make() -> None:
     """GH200 sites get the arm64 image; Apptainer sites a .sif, pyxis and EDF sites a .sqsh."""
-    made = {w for line in commands() for w in re.findall(r"megatron-recipes[\w-]*\.(?:sif|sqsh)", line)}
+    made = {
+        w for line in commands() for w in re.findall(r"megatron-recipes[\w-]*\.(?:sif|sqsh)", line)
+    }
     for name in shipped_profiles():
         profile = load_profile(name)
         image = Path(profile.container_image or "").name

@@ -22,16 +22,9 @@ from config.hardware import Cluster
 from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides
 from launchers.env import is_secret, plan_env, recipe_env
+from launchers.jobsize import JobSize, job_cluster
 from launchers.local import config_argument, process_env
-from launchers.profile import (
-    EXECUTORS,
-    JobSize,
-    Profile,
-    from_toml,
-    job_cluster,
-    load_profile,
-    time_to_minutes,
-)
+from launchers.profile import EXECUTORS, Profile, from_toml, load_profile, time_to_minutes
 from launchers.sbatch import render, submit
 from launchers.slurm import SlurmJob, nemo_executor, slurm_job
 from recipes.registry import get

@@ -18,16 +18,9 @@ import pytest
 from config.cost.steptime import predict
 from config.hardware import Cluster
 from config.rules import derive
-from config.tree import ConfigError, apply_overrides
-from launchers.profile import (
-    JobSize,
-    from_toml,
-    job_cluster,
-    load_profile,
-    placeholders,
-    replace,
-    shipped_profiles,
-)
+from config.tree import ConfigError
+from launchers.jobsize import JobSize, job_cluster
+from launchers.profile import from_toml, load_profile, placeholders, replace, shipped_profiles
 from launchers.sbatch import render, write
 from launchers.slurm import edf_text, slurm_job
 from recipes.registry import get
@@ -240,8 +233,16 @@ def test_alps_job_starts_its_container_from_an_edf_written_beside_the_script(
     ("changes", "key", "words"),
     [
         ({"executor": "slurm", "container_image": "/x/img.sif"}, "container_image", "Apptainer"),
-        ({"executor": "slurm-apptainer", "container_image": "nvcr.io#nvidia/pytorch:25.04-py3"}, "container_image", ".sif"),
-        ({"executor": "slurm", "container_image": "/x/i.sqsh", "psslurm": True}, "executor", "SPANK"),
+        (
+            {"executor": "slurm-apptainer", "container_image": "nvcr.io#nvidia/pytorch:25.04-py3"},
+            "container_image",
+            ".sif",
+        ),
+        (
+            {"executor": "slurm", "container_image": "/x/i.sqsh", "psslurm": True},
+            "executor",
+            "SPANK",
+        ),
         ({"gpu_request": "gpus"}, "gpu_request", "gres"),
         ({"network_gb_s": 0}, "network_gb_s", "above 0"),
         ({"launcher": "torchrun --foo"}, "launcher", "one command"),
