@@ -82,6 +82,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+# The main scheduling pass every 2 s, not 60: a requeued job (once its credential expired) and a
+# chain's next job (once its dependency ended) start at that pass.
+SchedulerParameters=sched_interval=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
