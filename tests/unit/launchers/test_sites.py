@@ -23,6 +23,7 @@ from launchers.jobsize import JobSize, job_cluster
 from launchers.profile import from_toml, load_profile, placeholders, replace, shipped_profiles
 from launchers.sbatch import render, write
 from launchers.slurm import edf_text, slurm_job
+from recipes.advice.plan import plan
 from recipes.registry import get
 from tests.support import children
 
@@ -265,3 +266,24 @@ def test_an_executor_that_contradicts_the_profile_is_refused(tmp_path: Path) -> 
     said = done.stdout + done.stderr
     assert done.returncode == 2
     assert "--executor" in said and "slurm-apptainer" in said, said
+
+
+# --- the planner on the sites' 4-GPU nodes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("site", ["jupiter", "leonardo"])
+@pytest.mark.parametrize("recipe", ["llama3_8b_pretrain", "qwen3_30b_a3b_pretrain"])
+def test_plans_on_four_gpu_nodes_keep_tensor_parallel_inside_the_node(
+    site: str, recipe: str
+) -> None:
+    """16 GPUs as 4 nodes of 4: every plan keeps TP inside a node, where NVLink is, and the best
+    keeps its CP ring and expert all-to-all there too; a group that crosses nodes is priced at
+    the site's network (a CP ring over two nodes may still rank among the five)."""
+    found = get(recipe)
+    cluster = job_cluster(found.cluster, load_profile(site), JobSize(nodes=4))
+    assert (cluster.gpus_per_node, cluster.network) == (4, SITES[site][2])
+    plans, _ = plan(found.config(), cluster, top=5)
+    assert plans
+    assert all(p.shape.tp <= 4 for p in plans), [p.describe() for p in plans]
+    best = plans[0].shape
+    assert best.tp * best.cp <= 4 and best.ep * (best.etp or best.tp) <= 4, plans[0].describe()
