@@ -374,17 +374,14 @@ def nemo_slurm_executor(
     """
     import nemo_run as run
 
-    unsupported = [
-        (key, why)
-        for key, why in (
-            ("executor", "slurm-edf: NeMo-Run's SlurmExecutor has no Container Engine mode"),
-            ("launcher", f"{p.launcher}: NeMo-Run starts torchrun itself"),
-            ("rdzv_host_suffix", "NeMo-Run names the rendezvous host itself"),
-        )
-        if (key == "executor" and p.executor == "slurm-edf")
-        or (key == "launcher" and p.launcher != "torchrun")
-        or (key == "rdzv_host_suffix" and p.rdzv_host_suffix)
-    ]
+    # What only this project's own script does; NeMo-Run renders its own srun and torchrun.
+    unsupported = []
+    if p.executor == "slurm-edf":
+        unsupported.append(("executor", "slurm-edf: NeMo-Run's SlurmExecutor has no EDF mode"))
+    if p.launcher != "torchrun":
+        unsupported.append(("launcher", f"{p.launcher}: NeMo-Run starts torchrun itself"))
+    if p.rdzv_host_suffix:
+        unsupported.append(("rdzv_host_suffix", "NeMo-Run names the rendezvous host itself"))
     if unsupported:
         raise ConfigError(
             [(k, f"{why}; launch this profile with `recipes run`") for k, why in unsupported]
