@@ -20,9 +20,16 @@ from config.hardware import Cluster
 from config.rules import derive
 from config.tree import ConfigError
 from launchers.jobsize import JobSize, job_cluster
-from launchers.profile import from_toml, load_profile, placeholders, replace, shipped_profiles
+from launchers.profile import (
+    Profile,
+    from_toml,
+    load_profile,
+    placeholders,
+    replace,
+    shipped_profiles,
+)
 from launchers.sbatch import render, write
-from launchers.slurm import edf_text, slurm_job
+from launchers.slurm import SlurmJob, edf_text, slurm_job
 from recipes.advice.plan import plan
 from recipes.registry import get
 from tests.support import children
@@ -164,19 +171,17 @@ def filled(name: str, root: Path, **changes: object):
     return profile
 
 
+def tiny_job(profile: Profile, run_dir: Path) -> SlurmJob:
+    """tiny_gpt_pretrain on 2 nodes of 4 GPUs with `profile`, into `run_dir`."""
+    cfg = get("tiny_gpt_pretrain").config()
+    return slurm_job(cfg, profile, nodes=2, procs_per_node=4, run_dir=str(run_dir), user_env={})[1]
+
+
 def test_jupiter_job_asks_gres_exports_srun_cpus_and_tells_the_first_node_it_hosts(
     tmp_path: Path,
 ) -> None:
     profile = filled("jupiter", tmp_path)
-    run_dir = str(tmp_path / "p/scratch/p1/x/runs/tiny")
-    _, job = slurm_job(
-        get("tiny_gpt_pretrain").config(),
-        profile,
-        nodes=2,
-        procs_per_node=4,
-        run_dir=run_dir,
-        user_env={},
-    )
+    job = tiny_job(profile, tmp_path / "p/scratch/p1/x/runs/tiny")
     text = render(job)
     assert "#SBATCH --gres=gpu:4" in text and "--gpus-per-node" not in text
     srun, env = run_job(text, tmp_path)
@@ -190,14 +195,7 @@ def test_jupiter_job_asks_gres_exports_srun_cpus_and_tells_the_first_node_it_hos
 
 def test_a_site_launcher_replaces_torchrun(tmp_path: Path) -> None:
     profile = filled("juwels-booster", tmp_path, launcher="torchrun_jsc", rdzv_host_suffix="")
-    _, job = slurm_job(
-        get("tiny_gpt_pretrain").config(),
-        profile,
-        nodes=2,
-        procs_per_node=4,
-        run_dir=str(tmp_path / "p/scratch/p1/x/runs/tiny"),
-        user_env={},
-    )
+    job = tiny_job(profile, tmp_path / "p/scratch/p1/x/runs/tiny")
     text = render(job)
     assert "torchrun_jsc" in text and "is_host" not in text
     assert '--rdzv-endpoint="$head_node":29500' in text
@@ -207,14 +205,7 @@ def test_alps_job_starts_its_container_from_an_edf_written_beside_the_script(
     tmp_path: Path,
 ) -> None:
     profile = filled("alps", tmp_path)
-    _, job = slurm_job(
-        get("tiny_gpt_pretrain").config(),
-        profile,
-        nodes=2,
-        procs_per_node=4,
-        run_dir=str(tmp_path / "capstor/scratch/cscs/x/runs/tiny"),
-        user_env={},
-    )
+    job = tiny_job(profile, tmp_path / "capstor/scratch/cscs/x/runs/tiny")
     script = write(job)
     edf = tomllib.loads(Path(job.edf_path).read_text(encoding="utf-8"))
     assert Path(job.edf_path).parent == script.parent
