@@ -257,6 +257,22 @@ def test_pyxis_job_is_a_nemo_run_executor() -> None:
     assert executor.nodes == 2 and executor.ntasks_per_node == 2
 
 
+def test_nemo_runs_slurm_executor_takes_the_gres_and_refuses_what_it_cannot_render(
+    tmp_path: Path,
+) -> None:
+    from launchers.slurm import nemo_slurm_executor
+    from tests.unit.launchers.test_sites import filled
+
+    executor = nemo_slurm_executor(filled("leonardo", tmp_path), 2, 4, "cuda", {})
+    assert (executor.gres, executor.gpus_per_node) == ("gpu:4", None)
+    with pytest.raises(ConfigError) as err:
+        nemo_slurm_executor(filled("jupiter", tmp_path), 2, 4, "cuda", {})
+    assert [k for k, _ in err.value.problems] == ["rdzv_host_suffix"]
+    with pytest.raises(ConfigError) as err:
+        nemo_slurm_executor(filled("alps", tmp_path), 2, 4, "cuda", {})
+    assert [k for k, _ in err.value.problems] == ["executor"]
+
+
 # --- rendered scripts: they parse, and hand srun exactly the values ---------------------------------
 
 

@@ -278,18 +278,3 @@ def test_plans_on_four_gpu_nodes_keep_tensor_parallel_inside_the_node(
     assert all(p.shape.tp <= 4 for p in plans), [p.describe() for p in plans]
     best = plans[0].shape
     assert best.tp * best.cp <= 4 and best.ep * (best.etp or best.tp) <= 4, plans[0].describe()
-
-
-def test_nemo_runs_slurm_executor_takes_the_gres_and_refuses_what_it_cannot_render(
-    tmp_path: Path,
-) -> None:
-    from launchers.slurm import nemo_slurm_executor
-
-    executor = nemo_slurm_executor(filled("leonardo", tmp_path), 2, 4, "cuda", {})
-    assert (executor.gres, executor.gpus_per_node) == ("gpu:4", None)
-    with pytest.raises(ConfigError) as err:
-        nemo_slurm_executor(filled("jupiter", tmp_path), 2, 4, "cuda", {})
-    assert [k for k, _ in err.value.problems] == ["rdzv_host_suffix"]
-    with pytest.raises(ConfigError) as err:
-        nemo_slurm_executor(filled("alps", tmp_path), 2, 4, "cuda", {})
-    assert [k for k, _ in err.value.problems] == ["executor"]
