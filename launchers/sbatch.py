@@ -26,6 +26,7 @@ import jinja2
 from config.tree import ConfigError
 from launchers.slurm import (
     PREFLIGHT_EXIT,
+    PSSLURM_CPUS,
     Arg,
     Raw,
     SlurmJob,
@@ -86,6 +87,7 @@ def render(job: SlurmJob) -> str:
         srun=shell_join(srun_command(job)),
         rdzv_host=rendezvous_host(job),
         preflight_exit=PREFLIGHT_EXIT,
+        psslurm_cpus=PSSLURM_CPUS,
     )
 
 

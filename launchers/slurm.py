@@ -275,6 +275,9 @@ NODE_WRAPPER_IS_HOST = Raw(
     """exec "$0" --rdzv-conf=is_host=$((SLURM_NODEID == 0)) "$@"'"""
 )
 PREFLIGHT_EXIT = 2
+# psslurm: srun takes the task's CPUs from SRUN_CPUS_PER_TASK, not from the allocation; the batch
+# script (ours, or NeMo-Run's setup lines) exports it before srun.
+PSSLURM_CPUS = 'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"'
 
 
 def rendezvous_host(job: SlurmJob) -> str:
@@ -390,7 +393,7 @@ def nemo_slurm_executor(
     srun_args = ["--cpu-bind=none", *p.srun_flags]
     setup = list(p.setup)
     if p.psslurm:  # srun inherits --cpus-per-task only through this under psslurm
-        setup.append('export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')
+        setup.append(PSSLURM_CPUS)
     image, container_mounts = None, []
     if p.executor == "slurm":  # pyxis: NeMo-Run's own container flags
         image, container_mounts = p.container_image, mounts

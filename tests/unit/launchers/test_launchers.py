@@ -283,11 +283,15 @@ def test_golden_scripts_parse(path: Path) -> None:
     assert "golden-secret-value" not in text and "WANDB_API_KEY" in text
 
 
-def run_script(text: str, workdir: Path, env: dict | None = None) -> tuple[list[str], dict]:
-    """Execute a rendered script with recording stand-ins for srun and scontrol."""
+def run_script(
+    text: str, workdir: Path, env: dict | None = None, fakes: dict[str, str] = FAKES
+) -> tuple[list[str], dict]:
+    """Execute a rendered script with recording stand-ins (`fakes`: name -> bash body; srun
+    writes its argv and environment to $FAKE_OUT) for srun and scontrol; `env` over the
+    one-node Slurm environment."""
     bin_dir = workdir / "fakebin"
     bin_dir.mkdir(exist_ok=True)
-    for name, body in FAKES.items():
+    for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     (workdir / "job.sbatch").write_text(text)

@@ -33,6 +33,7 @@ from launchers.slurm import SlurmJob, edf_text, slurm_job
 from recipes.advice.plan import plan
 from recipes.registry import get
 from tests.support import children
+from tests.unit.launchers.test_launchers import run_script
 
 REPO = Path(__file__).resolve().parents[3]
 SITES = {  # name: (GPU kind, GPUs per node, network per GPU, executor)
@@ -135,28 +136,14 @@ shift; exec "$@\"""",
 
 
 def run_job(text: str, workdir: Path) -> tuple[list[str], dict[str, str]]:
-    """Run a rendered script with the stand-ins; srun's argv and environment."""
-    fakebin = workdir / "fakebin"
-    fakebin.mkdir()
-    for name, body in FAKES.items():
-        (fakebin / name).write_text(f"#!/bin/bash\n{body}\n")
-        (fakebin / name).chmod(0o755)
-    (workdir / "job.sbatch").write_text(text)
-    env = {
-        "PATH": f"{fakebin}:/usr/bin:/bin",
-        "FAKE_OUT": str(workdir),
+    """Run a rendered script with the stand-ins, on two nodes of 72 CPUs; srun's argv and
+    environment."""
+    slurm = {
         "SLURM_JOB_NODELIST": "jpbo-001-[01-02]",
-        "SLURM_JOB_ID": "7",
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_CPUS_ON_NODE": "72",
     }
-    done = children.run(
-        ["bash", "job.sbatch"], env=env, capture_output=True, text=True, timeout=60, cwd=workdir
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    argv = (workdir / "srun.argv").read_text().split("\0")[:-1]
-    items = (workdir / "srun.env").read_text().split("\0")
-    return argv, dict(item.split("=", 1) for item in items if "=" in item)
+    return run_script(text, workdir, env=slurm, fakes=FAKES)
 
 
 def filled(name: str, root: Path, **changes: object):
