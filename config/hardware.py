@@ -23,8 +23,12 @@ class GpuSpec:
     mxfp8: bool = False  # microscaling FP8 and NVFP4 need Blackwell tensor cores
     # GPUs that NVLink joins: None for one node (DGX/HGX boards); 72 for a GB200 NVL72 rack.
     nvlink_domain: int | None = None
-    # Per GPU, one direction, GB/s: NVLink inside the domain; the scale-out network beyond it.
+    # Per GPU, one direction, GB/s: NVLink inside the domain (all of the GPU's links); the
+    # scale-out network beyond it.
     nvlink_gb_s: float = 0.0
+    # Boards without NVSwitch link each GPU pair directly (a full mesh): one pair's links, per
+    # direction, GB/s. None: the kind comes on NVSwitch boards only. Cluster.nvlink prices a group.
+    nvlink_pair_gb_s: float | None = None
     network_gb_s: float = 0.0
     hbm_gb_s: float = 0.0  # memory bandwidth, for the step-time model's memory-bound work
 
@@ -33,14 +37,11 @@ class GpuSpec:
 # superchip, with H100 SXM's dense peaks and number formats. JUPITER caps a superchip at
 # 680 W (GPU and CPU together), so sustained clocks sit below the data sheet's: plan
 # against measured rates, not these peaks. Four GH200 share a node without NVSwitch: each
-# GPU pair has its own NVLink4 link of 150 GB/s per direction, 3 x 150 = 450 GB/s out of
-# each GPU. A single ring over the 4 GPUs would use one of those links at a time (150);
-# NCCL runs several rings (and all-to-all sends straight to each peer), so a 4-GPU TP or
-# EP group moves (t-1)/t of its bytes over all 3 links at once: 450 GB/s per GPU is the
-# figure the step-time model's (t-1)/t / bandwidth reproduces for t = 4, the group the
-# node holds. A 2-GPU group has one link, 150 GB/s: the model's one figure per kind
-# overstates TP=2 three-fold there. Network: 4x NDR200 (Alps: 4x Slingshot 200 Gb/s)
-# per node for 4 GPUs, 25 GB/s each.
+# GPU pair has its own NVLink4 links, 150 GB/s per direction (SITES.md, after JSC's JUPITER
+# configuration page: 6 of the GPU's 18 NVLink4 links at 25 GB/s), 3 x 150 = 450 out of each GPU
+# (the H100 SXM data sheet's 900 GB/s both ways, halved). A group of 2 GPUs has one pair's
+# 150, a group of 4 all three: Cluster.nvlink. Network: 4x NDR200 (Alps: 4x Slingshot
+# 200 Gb/s) per node for 4 GPUs, 25 GB/s each.
 _GH200 = GpuSpec(
     name="gh200",
     hbm_gb_s=4000,
@@ -51,6 +52,7 @@ _GH200 = GpuSpec(
     fp8_tflops=1979.0,
     fp8_blockwise=True,
     nvlink_gb_s=450,
+    nvlink_pair_gb_s=150,
     network_gb_s=25,
 )
 
@@ -62,13 +64,17 @@ GPUS: dict[str, GpuSpec] = {
         # H100 and B200 data sheets), halved for one direction; the network as DGX A100 (one
         # 200 Gb/s HDR NIC per GPU) and DGX H100 / B200 / GB200 (one 400 Gb/s NIC per GPU) build it.
         # HBM bandwidth from the same data sheets (A100 40/80 GB 1.6/2.0 TB/s, H100 SXM 3.35,
-        # H200 4.8, B200 and GB200 8 TB/s per GPU).
+        # H200 4.8, B200 and GB200 8 TB/s per GPU). A100 comes on 8-GPU NVSwitch boards (DGX
+        # A100) and on 4-GPU boards without a switch (HGX A100 4-GPU: JUWELS Booster, JURECA-DC,
+        # Leonardo), where each GPU pair has 4 of the GPU's 12 NVLink3 links, 4 x 25 = 100 GB/s
+        # per direction (SITES.md, after JSC's JUWELS Booster overview: NVLink3, all-to-all).
         GpuSpec(
             name="a100-40g",
             hbm_gb_s=1555,
             memory_gib=39.4,
             bf16_tflops=312.0,
             nvlink_gb_s=300,
+            nvlink_pair_gb_s=100,
             network_gb_s=25,
         ),
         GpuSpec(
@@ -77,6 +83,7 @@ GPUS: dict[str, GpuSpec] = {
             memory_gib=79.2,
             bf16_tflops=312.0,
             nvlink_gb_s=300,
+            nvlink_pair_gb_s=100,
             network_gb_s=25,
         ),
         GpuSpec(
@@ -144,12 +151,18 @@ GPUS: dict[str, GpuSpec] = {
             memory_gib=63.4,
             bf16_tflops=312.0,
             nvlink_gb_s=300,
+            nvlink_pair_gb_s=100,
             network_gb_s=12.5,
         ),
     )
 }
 # The CPU smoke mode: no memory limit worth predicting, no peak to compute MFU against.
 CPU = GpuSpec(name="cpu", memory_gib=float("inf"), bf16_tflops=0.0)
+
+# How NVLink joins the GPUs of a domain (Cluster.nvlink_topology): through NVSwitch (DGX/HGX
+# 8-GPU boards, NVL72's switch trays), or a full mesh of direct pair links (4-GPU boards).
+SWITCH, MESH = "switch", "mesh"
+NVLINK_TOPOLOGIES = (SWITCH, MESH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +177,9 @@ class Cluster:
     # The scale-out network per GPU, one direction, GB/s; None: the GPU kind's (as NVIDIA's DGX
     # builds it). A site profile sets its own: 12.5 on JURECA-DC and Leonardo, 25 on JUWELS.
     network_gb_s: float | None = None
+    # "switch" or "mesh" (NVLINK_TOPOLOGIES); None: what the GPU kind's boards have at this many
+    # GPUs per node (Cluster.topology). A site profile says it outright (nvlink_topology).
+    nvlink_topology: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -179,6 +195,45 @@ class Cluster:
     def network(self) -> float:
         """GB/s per GPU, one direction, for traffic that leaves the NVLink domain."""
         return self.spec.network_gb_s if self.network_gb_s is None else self.network_gb_s
+
+    @property
+    def topology(self) -> str:
+        """SWITCH or MESH: the profile's word, else a mesh where the GPU kind has a pair figure
+        and the node holds no more GPUs than a full mesh of its links can join (a mesh of n
+        GPUs takes n - 1 pair links out of each: 450 / 150 + 1 = 4 GH200, 300 / 100 + 1 = 4
+        A100, where an 8-GPU A100 node is a DGX A100 on NVSwitch), and the domain is the node."""
+        if self.nvlink_topology is not None:
+            return self.nvlink_topology
+        spec, pair = self.spec, self.spec.nvlink_pair_gb_s
+        largest = spec.nvlink_gb_s / pair + 1 if pair else 0
+        meshed = self.gpus_per_node <= largest and self.domain <= self.gpus_per_node
+        return MESH if meshed else SWITCH
+
+    def nvlink(self, group: int) -> float:
+        """GB/s per GPU, one direction, that a collective among `group` GPUs of one NVLink domain
+        moves its bytes at (NCCL's efficiency is the step-time model's: constants.py "nvlink").
+        Every price of NVLink traffic asks here: TP, the CP ring and pipeline sends (a send to
+        one peer: a group of 2), the expert all-to-all and data-parallel reductions.
+
+        Through NVSwitch every GPU reaches any peer with all its links: the kind's figure for any
+        group. In a full mesh a GPU reaches each peer over that pair's links only, so a group of
+        g can drive g - 1 of them at once: b x (g - 1) per GPU for pair bandwidth b, up to the
+        GPU's total. All-to-all sends each peer its share straight over their link. For ring
+        all-reduce and all-gather, NCCL's topology search (src/graph/search.cc, ncclTopoCompute)
+        adds ring channels one by one, each taking its bandwidth from every link it crosses
+        (followPath), in new GPU orders until the links are spent: on a 4-GPU mesh (4 V100,
+        2 NVLinks per pair) its dump shows the rings 0-1-2-3, 0-1-3-2, 0-2-3-1, 0-2-1-3, ...
+        (NVIDIA/nccl#713), which together load all three links of each GPU; a ring all-reduce
+        moves 2(g - 1)/g of the data through each GPU's links (nccl-tests' PERFORMANCE.md, bus
+        bandwidth), as the step-time model's (g - 1)/g / bandwidth prices it. Two GPUs have
+        one pair link: NVIDIA/nccl-tests#331 reports ~72 GB/s between two A100 of a Leonardo
+        node against the pair's 100, about the 80% of line rate NCCL reaches on any link.
+        Without a pair figure a mesh splits the GPU's links evenly among its node's peers."""
+        spec = self.spec
+        if self.topology == SWITCH:
+            return spec.nvlink_gb_s
+        pair = spec.nvlink_pair_gb_s or spec.nvlink_gb_s / max(1, self.gpus_per_node - 1)
+        return min(spec.nvlink_gb_s, pair * max(1, group - 1))
 
     def crosses(self, block: int) -> bool:
         """Whether blocks of `block` consecutive ranks (a TP group, a TP x CP group, the ranks

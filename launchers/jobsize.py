@@ -82,7 +82,8 @@ def job_cluster(
         nvlink_domain=first(
             size.nvlink_domain, prof.nvlink_domain, published.nvlink_domain if published else None
         ),
-        # The site's network, for the GPU kind the profile names (a --gpu of another kind brings
-        # that kind's own figure).
+        # The site's network and NVLink topology, for the GPU kind the profile names (a --gpu of
+        # another kind brings that kind's own figure and board).
         network_gb_s=prof.network_gb_s if size.gpu in (None, prof.gpu) else None,
+        nvlink_topology=prof.nvlink_topology if size.gpu in (None, prof.gpu) else None,
     )

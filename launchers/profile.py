@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.hardware import gpu_kind_problem
+from config.hardware import NVLINK_TOPOLOGIES, gpu_kind_problem
 from config.rules.training import run_name_problem
 from config.tree import ConfigError, field_types, suggest
 from launchers.mounts import parse_mounts
@@ -81,6 +81,9 @@ class Profile:
     nvlink_domain: int | None = None
     # The scale-out network per GPU, one direction, GB/s (None: the GPU kind's, as in a DGX)
     network_gb_s: float | None = None
+    # How NVLink joins a node's GPUs: "switch" (NVSwitch) or "mesh" (each GPU pair linked
+    # directly, 4-GPU A100 and GH200 nodes); None: the GPU kind's board for gpus_per_node
+    nvlink_topology: str | None = None
     cpus_per_task: int | None = None  # one task per node runs torchrun and all its ranks
     # "gpus-per-node" (#SBATCH --gpus-per-node=G), "gres" (--gres=gpu:G, where a site's Slurm
     # counts GPUs as generic resources only), "none" (the partition hands out whole nodes)
@@ -256,6 +259,14 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
         )
     if p.network_gb_s is not None and not (math.isfinite(p.network_gb_s) and p.network_gb_s > 0):
         problems.append(("network_gb_s", f"{p.network_gb_s!r} is not a bandwidth in GB/s above 0"))
+    if p.nvlink_topology not in (None, *NVLINK_TOPOLOGIES):
+        problems.append(
+            (
+                "nvlink_topology",
+                f"{p.nvlink_topology!r} is not one of {', '.join(NVLINK_TOPOLOGIES)} (switch: "
+                "NVSwitch; mesh: each GPU pair linked directly, as on 4-GPU A100 and GH200 nodes)",
+            )
+        )
     if "launcher" not in flagged and not re.fullmatch(r"[A-Za-z0-9_./+-]+", p.launcher):
         problems.append(("launcher", f"{p.launcher!r} is not one command (e.g. torchrun)"))
     if "rdzv_host_suffix" not in flagged and not re.fullmatch(

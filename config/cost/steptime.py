@@ -137,10 +137,14 @@ def layer_costs(
         return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
 
     rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
-    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
+    net = cluster.network * 1e9 * k["network"]
 
-    def link(block: int) -> float:
-        return net if cluster.crosses(block) else nvl
+    def nvl(group: int) -> float:
+        """Bytes/s per GPU of a collective among `group` GPUs inside an NVLink domain."""
+        return cluster.nvlink(group) * 1e9 * k["nvlink"]
+
+    def link(block: int, group: int) -> float:
+        return net if cluster.crosses(block) else nvl(group)
 
     hbm = spec.hbm_gb_s * 1e9
     sp = t if par.sequence_parallel and t > 1 else 1
@@ -153,8 +157,9 @@ def layer_costs(
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
     attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
     attention /= spec.bf16_tflops * 1e12 * k["attention"] / (1 + k["attention_half_len"] * c / s)
-    tp = 8 * tokens * h * 2 * (t - 1) / t / link(t) * k["tp_exposed"] if t > 1 else 0.0
-    cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c) if c > 1 else 0.0
+    tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
+    # The CP ring: each step a send to the next peer only (one pair link in a mesh).
+    cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) if c > 1 else 0.0
     cp = max(0.0, cp - attention)
 
     def memory(is_moe: bool) -> float:
@@ -210,9 +215,9 @@ def layer_costs(
             if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
                 groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
                 remote = remote_domains(E, topk, *groups, -(-e // inside))
-                ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl)
+                ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl(inside))
             else:
-                ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl)
+                ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl(inside))
             if par.overlap_moe_expert_parallel_comm:  # behind another microbatch's compute:
                 # the forward's alltoalls behind a backward (2/3 of the work) and the backward's
                 # behind a forward (1/3), less the SMs and bandwidth they take from it
@@ -422,11 +427,12 @@ def predict(
         step["ep" if detail else "layers"] += unpaired
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
 
-    # Pipeline sends: every chunk boundary, activations forward and their gradients backward.
+    # Pipeline sends: every chunk boundary, activations forward and their gradients backward,
+    # each to one peer (one pair link in a mesh).
     t, c = par.tensor_model_parallel_size, par.context_parallel_size
     tokens = m.seq_length * cfg.train.micro_batch_size / c
     sp = t if par.sequence_parallel and t > 1 else 1
-    nvl, net = spec.nvlink_gb_s * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
+    nvl, net = cluster.nvlink(2) * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
     send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
     step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
 
@@ -444,7 +450,7 @@ def predict(
     reduce, gather = 0.0, 0.0
     for params, group, block in ((dense_p, dense_group, t * c * dp), (expert_p, edp, e * et * edp)):
         if group > 1 and params:
-            bw = net if cluster.crosses(block) else nvl
+            bw = net if cluster.crosses(block) else cluster.nvlink(group) * 1e9 * k["nvlink"]
             share = params * (group - 1) / group / bw
             reduce += grad * share * (1 if sharded else 2)
             gather += 2 * share if sharded else 0.0

@@ -4,7 +4,7 @@ any cluster has (the parallel rules list the divisors of the world size)."""
 from __future__ import annotations
 
 from config.finalize import Partial
-from config.hardware import Cluster, gpu_kind_problem
+from config.hardware import MESH, NVLINK_TOPOLOGIES, SWITCH, Cluster, gpu_kind_problem
 from config.problems import Problem
 from config.schema import MAX_GPUS, TrainingConfig
 
@@ -14,6 +14,15 @@ def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Prob
     unknown = gpu_kind_problem(cluster.gpu)
     if unknown:
         out.append(Problem("cluster.gpu", unknown))
+    if cluster.nvlink_topology not in (None, *NVLINK_TOPOLOGIES):
+        out.append(
+            Problem(
+                "cluster.nvlink_topology",
+                f"{cluster.nvlink_topology!r} is not an NVLink topology; give the profile's "
+                f"nvlink_topology as one of {', '.join(NVLINK_TOPOLOGIES)} ({SWITCH}: NVSwitch, "
+                f"any group gets all of a GPU's links; {MESH}: each GPU pair linked directly)",
+            )
+        )
     if cluster.num_nodes < 1 or cluster.gpus_per_node < 1:
         out.append(
             Problem(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from config.cost.steptime import StepTime, predict
 from config.finalize import Derived
-from config.hardware import Cluster
+from config.hardware import SWITCH, Cluster
 from config.problems import Problem
 from config.schema import TrainingConfig
 
@@ -41,14 +41,6 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     tp, cp = par.tensor_model_parallel_size, par.context_parallel_size
     etp = d.expert_tensor_parallel_size
     ep = par.expert_model_parallel_size
-    spec = cluster.spec
-    net = cluster.network
-    slower = (
-        f"; the network carries {net:g} GB/s per GPU against NVLink's "
-        f"{spec.nvlink_gb_s:g}, {spec.nvlink_gb_s / net:.0f}x less"
-        if net
-        else ""
-    )
     where = f"NVLink domains of {domain} GPUs ({cluster.gpu}, {world} GPUs)"
     step = predict(cfg, cluster, d)
     out = []
@@ -57,7 +49,8 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             Problem(
                 TP,
                 f"TP={tp} spans {where}: every layer's TP all-reduce/all-gather, forward and "
-                f"backward, crosses the inter-node network{slower}{_cost(step, 'tp')}.",
+                f"backward, crosses the inter-node network{_slower(cluster, tp)}"
+                f"{_cost(step, 'tp')}.",
             )
         )
     elif cp > 1 and cluster.crosses(group_block(CP, tp, cp, ep, etp)):
@@ -65,7 +58,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             Problem(
                 CP,
                 f"TP x CP = {tp} x {cp} spans {where}: the context-parallel exchange of keys and "
-                f"values, every layer, crosses the inter-node network{slower}"
+                f"values, every layer, crosses the inter-node network{_slower(cluster, 2)}"
                 f"{_cost(step, 'cp')}. Published runs do this at long context (Llama 3.1 405B: "
                 "TP 8 x CP 2 over two nodes), where the ring exchange hides behind attention's "
                 "compute.",
@@ -76,7 +69,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             Problem(
                 EP,
                 f"ETP x EP = {etp} x {ep} spans {where}: the MoE token alltoall, twice per MoE "
-                f"layer forward and backward, crosses the inter-node network{slower}"
+                f"layer forward and backward, crosses the inter-node network{_slower(cluster, ep)}"
                 f"{_cost(step, 'ep')}. Published runs accept this for very wide models "
                 "(DeepSeek-V3: EP 64 over InfiniBand) with the flex dispatcher, which sends a "
                 "token once per node (model.moe_token_dispatcher_type=flex, DeepEP or HybridEP "
@@ -85,6 +78,22 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             )
         )
     return out
+
+
+def _slower(cluster: Cluster, group: int) -> str:
+    """The network against what NVLink gives a group of `group` GPUs inside a domain
+    (Cluster.nvlink, the figure the step-time model prices the group with)."""
+    net = cluster.network
+    if not net:
+        return ""
+    nvl = cluster.nvlink(group)
+    links = round(nvl / cluster.nvlink(2))  # of each GPU's direct pair links, in a mesh
+    mesh = f" ({links} pair link{'s' * (links > 1)} per GPU, no NVSwitch)"
+    mesh = "" if cluster.topology == SWITCH else mesh
+    return (
+        f"; the network carries {net:g} GB/s per GPU against NVLink's {nvl:g}{mesh}, "
+        f"{nvl / net:.0f}x less"
+    )
 
 
 def _cost(step: StepTime | None, term: str) -> str:
