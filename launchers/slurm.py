@@ -111,6 +111,8 @@ def slurm_job(
     kind = profile.executor
     if cfg.train.exit_duration_minutes is None:
         cfg.train.exit_duration_minutes = profile.time_minutes - profile.exit_margin_minutes
+    if profile.stage_data and cfg.data.kind == "indexed" and cfg.data.stage_dir is None:
+        cfg.data.stage_dir = profile.stage_data  # node-local copies of the blend (data/stage.py)
     writable = {"logging.run_dir": run_dir}
     writable |= {
         f"checkpoint.{k}": getattr(cfg.checkpoint, k)
@@ -179,6 +181,8 @@ def check_job(job: SlurmJob) -> None:
         ("name", job.name, "pick another name"),
     ]
     problems = [pr for key, text, fix in texts for pr in control_problems(key, text, fix)]
+    if job.kind == "slurm-apptainer":
+        problems += apptainer_bind_problems(job.profile.mounts)
     if problems:
         raise ConfigError(problems)
     if job.ft_launcher and job.kind == "slurm-bare":
@@ -311,6 +315,24 @@ def torchrun_command(job: SlurmJob) -> list[Arg]:
     ]
 
 
+# What `apptainer exec --bind src:dest:opts` takes for opts (its bind options image-src= and id=
+# are for data images); pyxis's other mount flags (rbind, private, ...) Apptainer refuses.
+APPTAINER_BIND_FLAGS = ("ro", "rw")
+
+
+def apptainer_bind_problems(mounts: list[str]) -> list[tuple[str, str]]:
+    """The mounts whose flags `apptainer exec --bind` would refuse when the job starts."""
+    return [
+        (
+            f"mounts[{i}]",
+            f"{text!r}: Apptainer's --bind takes {' or '.join(APPTAINER_BIND_FLAGS)} after "
+            f"host:container, not {mount.flags!r}: drop the flag, or give one of those",
+        )
+        for i, (text, mount) in enumerate(zip(mounts, parse_mounts(mounts), strict=True))
+        if mount.flags and mount.flags not in APPTAINER_BIND_FLAGS
+    ]
+
+
 def srun_command(job: SlurmJob) -> list[Arg]:
     """srun, one task per node holding all the node's CPUs, wrapped for the job's environment."""
     p = job.profile
@@ -401,6 +423,8 @@ def nemo_slurm_executor(
         srun_args += [f"--mpi={p.mpi}"] if p.mpi else []
         srun_args += [f"--container-workdir={p.workdir}"] if p.workdir else []
     elif p.executor == "slurm-apptainer":  # srun's command runs inside `apptainer exec`
+        if problems := apptainer_bind_problems(p.mounts):
+            raise ConfigError(problems)
         srun_args += ["apptainer", "exec"] + (["--nv"] if device != "cpu" else []) + ["--no-home"]
         srun_args += ["--bind", ",".join(mounts)] if mounts else []
         srun_args += ["--pwd", p.workdir] if p.workdir else []

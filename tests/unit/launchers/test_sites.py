@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -20,6 +21,7 @@ from config.hardware import Cluster
 from config.rules import derive
 from config.tree import ConfigError
 from launchers.jobsize import JobSize, job_cluster
+from launchers.mounts import parse_mounts
 from launchers.profile import (
     Profile,
     from_toml,
@@ -32,7 +34,7 @@ from launchers.sbatch import render, write
 from launchers.slurm import SlurmJob, edf_text, slurm_job
 from recipes.advice.plan import plan
 from recipes.registry import get
-from tests.support import children
+from tests.support import children, fake_apptainer
 from tests.unit.launchers.test_launchers import run_script
 
 REPO = Path(__file__).resolve().parents[3]
@@ -126,12 +128,12 @@ FAKES = {
 while [[ "$1" == --* ]]; do shift; done
 for node in 0 1; do SLURM_NODEID=$node "$@" || exit $?; done""",
     "scontrol": "echo jpbo-001-01; echo jpbo-001-02",
-    # apptainer exec [options] IMAGE COMMAND...: the command, bare.
-    "apptainer": """shift
-while [[ "$1" == --* ]]; do case "$1" in --bind|--pwd) shift 2;; *) shift;; esac; done
-shift; exec "$@\"""",
+    # apptainer: refuses what Apptainer refuses, then runs `exec`'s command bare.
+    "apptainer": fake_apptainer.SHIM,
+    "module": "exit 0",  # a site's `module load apptainer`
     "python": "exit 0",  # the preflight
-    "torchrun": """printf '%s\\n' "$@" > "$FAKE_OUT/launcher.$SLURM_NODEID\"""",
+    "torchrun": """printf '%s\\n' "$@" > "$FAKE_OUT/launcher.$SLURM_NODEID"
+env -0 > "$FAKE_OUT/launcher.$SLURM_NODEID.env\"""",
 }
 
 
@@ -152,9 +154,19 @@ def filled(name: str, root: Path, **changes: object):
     for holder in ("<your-project>", "<your-account>", "<project>", "<partition>"):
         text = text.replace(holder, "p1")
     text = text.replace("<user>", "x")
-    data = tomllib.loads(text.replace("/p/", f"{root}/p/").replace("/capstor/", f"{root}/capstor/"))
+    # A path's start: after a quote, or after the ':' between a mount's two sides.
+    sites = "p|capstor|leonardo_scratch|leonardo_work|scratch"
+    data = tomllib.loads(re.sub(rf'(?<=[":])(?=/({sites})/)', str(root), text))
     profile = replace(from_toml(data), **changes)
     assert placeholders(profile) == []
+    return profile
+
+
+def with_image_and_mounts(profile: Profile) -> Profile:
+    """What Apptainer needs on the node: the image (a SIF header) and every bind's source."""
+    fake_apptainer.write_sif(Path(profile.container_image or ""))
+    for mount in parse_mounts(profile.mounts):
+        Path(mount.host).mkdir(parents=True, exist_ok=True)
     return profile
 
 
@@ -167,7 +179,7 @@ def tiny_job(profile: Profile, run_dir: Path) -> SlurmJob:
 def test_jupiter_job_asks_gres_exports_srun_cpus_and_tells_the_first_node_it_hosts(
     tmp_path: Path,
 ) -> None:
-    profile = filled("jupiter", tmp_path)
+    profile = with_image_and_mounts(filled("jupiter", tmp_path))
     job = tiny_job(profile, tmp_path / "p/scratch/p1/x/runs/tiny")
     text = render(job)
     assert "#SBATCH --gres=gpu:4" in text and "--gpus-per-node" not in text
@@ -178,6 +190,71 @@ def test_jupiter_job_asks_gres_exports_srun_cpus_and_tells_the_first_node_it_hos
         launcher = (tmp_path / f"launcher.{node}").read_text().splitlines()
         assert launcher[0] == f"--rdzv-conf=is_host={host}"
         assert "--rdzv-endpoint=jpbo-001-01i:29500" in launcher  # the InfiniBand name
+
+
+APPTAINER_PROFILES = [
+    n for n in shipped_profiles() if load_profile(n).executor == "slurm-apptainer"
+]
+
+
+@pytest.mark.parametrize("name", APPTAINER_PROFILES)
+def test_apptainer_scripts_pass_apptainers_checks_and_hand_the_ranks_their_variables(
+    name: str, tmp_path: Path
+) -> None:
+    """Every Apptainer profile's script, run with the stand-in apptainer, which refuses what
+    Apptainer refuses (tests/support/fake_apptainer.py): the command starts on both nodes, and
+    the variables exported as APPTAINERENV_<NAME> reach it as <NAME>."""
+    profile = with_image_and_mounts(filled(name, tmp_path))
+    run_dir = Path(profile.run_root or "") / "tiny"
+    srun, _ = run_job(render(tiny_job(profile, run_dir)), tmp_path)
+    assert srun[srun.index("apptainer") + 1 :][:2] == ["exec", "--nv"]
+    for node in (0, 1):
+        items = (tmp_path / f"launcher.{node}.env").read_text().split("\0")
+        env = dict(item.split("=", 1) for item in items if "=" in item)
+        assert env["PYTHONSAFEPATH"] == "1" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+        assert not any(k.startswith("APPTAINERENV_") for k in env)  # Apptainer takes them
+        assert env.get("HF_HOME") == profile.env.get("HF_HOME")
+
+
+def test_an_option_apptainer_refuses_fails_the_script(tmp_path: Path) -> None:
+    profile = with_image_and_mounts(filled("leonardo", tmp_path))
+    text = render(tiny_job(profile, Path(profile.run_root or "") / "tiny"))
+    for right, wrong, said in [
+        ("--no-home", "--no-hom", "unknown flag: --no-hom"),
+        ("--pwd /workspace", "--pwd workspace", "not an absolute path"),
+        ("megatron-recipes.sif", "megatron-recipes.sqsh", "could not open image"),
+    ]:
+        assert right in text
+        with pytest.raises(AssertionError, match=said):
+            run_job(text.replace(right, wrong), tmp_path)
+
+
+def test_a_mount_flag_apptainer_refuses_is_refused_before_the_script(tmp_path: Path) -> None:
+    """pyxis's `rbind` would reach `apptainer exec --bind` and fail the job as it starts (and
+    the script would requeue it): refused by name before rendering, for NeMo-Run too."""
+    from launchers.slurm import nemo_slurm_executor
+
+    site = with_image_and_mounts(filled("leonardo", tmp_path))
+    first, second = site.mounts
+    profile = replace(site, mounts=[f"{first}:rbind", second])
+    with pytest.raises(ConfigError) as err:
+        tiny_job(profile, Path(profile.run_root or "") / "tiny")
+    assert [k for k, m in err.value.problems if "rbind" in m] == ["mounts[0]"]
+    with pytest.raises(ConfigError, match="rbind"):
+        nemo_slurm_executor(profile, 2, 4, "cuda", {})
+    read_only = replace(site, mounts=[first, f"{second}:ro"])  # ro and rw are Apptainer's own
+    run_job(render(tiny_job(read_only, Path(site.run_root or "") / "tiny")), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["leonardo", "slurm-apptainer"])  # NeMo-Run renders these
+def test_nemo_runs_apptainer_command_passes_apptainers_checks(name: str, tmp_path: Path) -> None:
+    from launchers.slurm import nemo_slurm_executor
+
+    profile = with_image_and_mounts(filled(name, tmp_path))
+    args = nemo_slurm_executor(profile, 2, 4, "cuda", {}).srun_args
+    command = ["bash", "-c", fake_apptainer.SHIM, "apptainer", *args[args.index("apptainer") + 1 :]]
+    done = children.run([*command, "echo", "ran"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
 
 
 def test_a_site_launcher_replaces_torchrun(tmp_path: Path) -> None:
