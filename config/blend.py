@@ -6,7 +6,9 @@ that all three read them the same way.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import posixpath
 
 
 def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
@@ -43,6 +45,15 @@ def index_cache_base(prefixes: list[str], cache_dir: str | None) -> str | None:
     beside the data (None: object storage only, Megatron's own default)."""
     local = [p for p in prefixes if "://" not in p]
     return cache_dir or (f"{local[0]}/cache" if local else None)
+
+
+def staged_prefix(prefix: str, stage_dir: str) -> str:
+    """Where data.stage_dir holds a copy of a local prefix: its name, after a hash of its whole
+    path (two folders' "train" prefixes stay apart); object storage is read in place."""
+    if "://" in prefix:
+        return prefix
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:10]
+    return posixpath.join(stage_dir, f"{digest}-{posixpath.basename(prefix)}")
 
 
 def split_weights(split: str) -> list[float]:

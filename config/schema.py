@@ -312,6 +312,11 @@ class DataConfig:
     # None puts them beside the data, in <first prefix>/cache, which needs the data's folder
     # writable. Point it elsewhere for read-only data (a shared, scratch-mounted dataset).
     index_cache_dir: Optional[str] = None
+    # indexed: a node-local folder (/dev/shm/<you>, a node's own disk) into which one rank per node
+    # copies the blend's .bin/.idx files before training, so that the ranks read them there and
+    # not from the shared filesystem (for data that fits: the JSC course's advice). The index
+    # caches stay where they would be without it, shared by the nodes. None: read in place.
+    stage_dir: Optional[str] = None
     num_workers: int = field(default=2, metadata=within(0, 1024))
     seed: int = field(default=1234, metadata=SEED)
     # SFT and Energon: pack several samples into one sequence instead of padding each.

@@ -33,6 +33,7 @@ from config.blend import index_cache_base, parse_blend
 from config.finalize import padded_vocab_size
 from config.rules.data import check_tokenizer_fits
 from data.indexed import IndexedDataError, file_key, inspect_indexed, locate_id
+from data.stage import stage_blend
 
 if TYPE_CHECKING:
     from config.finalize import Derived
@@ -145,6 +146,9 @@ def build_pretrain_datasets(
             raise ValueError("data.kind='indexed' needs data.path (a prefix or a weighted blend)")
         blend = parse_blend(data.path)
         _check_prefixes(data.path, blend[0])
+        if data.stage_dir:  # node-local copies; the index caches stay with the shared data
+            cache_dir = cache_dir or index_cache_base(blend[0], None)
+            blend = (stage_blend(blend[0], data.stage_dir), blend[1])
         dataset_cls = GPTDataset
         path_to_cache = index_cache_dir(blend[0], cache_dir)
     else:

@@ -106,6 +106,9 @@ class Profile:
     container_image: str | None = None
     mounts: list[str] = field(default_factory=list)  # "host[:container[:flags]]"
     workdir: str | None = None  # the ranks' working directory (inside the container)
+    # A node-local folder, as the ranks see it (/dev/shm/<you>/data, a node's own disk), to which
+    # each node copies an indexed blend before training: data.stage_dir, unless the run sets it.
+    stage_data: str | None = None
     mpi: str | None = None  # pyxis: srun --mpi=pmix where the cluster's PMIx wants it
     venv: str | None = None  # slurm-bare: the virtual environment to activate on every node
     setup: list[str] = field(default_factory=list)  # shell lines before srun ("module load ...")
@@ -266,6 +269,10 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
                 f"{p.nvlink_topology!r} is not one of {', '.join(NVLINK_TOPOLOGIES)} (switch: "
                 "NVSwitch; mesh: each GPU pair linked directly, as on 4-GPU A100 and GH200 nodes)",
             )
+        )
+    if p.stage_data is not None and not p.stage_data.startswith("/"):
+        problems.append(
+            ("stage_data", f"{p.stage_data!r} is not an absolute path to a node-local folder")
         )
     if "launcher" not in flagged and not re.fullmatch(r"[A-Za-z0-9_./+-]+", p.launcher):
         problems.append(("launcher", f"{p.launcher!r} is not one command (e.g. torchrun)"))

@@ -111,6 +111,8 @@ def slurm_job(
     kind = profile.executor
     if cfg.train.exit_duration_minutes is None:
         cfg.train.exit_duration_minutes = profile.time_minutes - profile.exit_margin_minutes
+    if profile.stage_data and cfg.data.kind == "indexed" and cfg.data.stage_dir is None:
+        cfg.data.stage_dir = profile.stage_data  # node-local copies of the blend (data/stage.py)
     writable = {"logging.run_dir": run_dir}
     writable |= {
         f"checkpoint.{k}": getattr(cfg.checkpoint, k)

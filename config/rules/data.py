@@ -41,6 +41,8 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     if data.tokenizer:
         out += _tokenizer_here(cfg)
     out += _evaluation(cfg)
+    if data.stage_dir is not None:
+        out += _stage_dir(data.stage_dir, kind.name)
     if data.sequence_packing and not kind.packs:
         packers = " or ".join(k.name for k in DATA_KINDS.values() if k.packs)
         out.append(
@@ -78,6 +80,27 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     return out
+
+
+def _stage_dir(stage_dir: str, kind: str) -> list[Problem]:
+    """data.stage_dir: an absolute folder as the ranks see it, for an indexed blend."""
+    if kind != "indexed":
+        return [
+            Problem(
+                "data.stage_dir",
+                f"copies an indexed blend's .bin/.idx files to node-local storage; "
+                f"data.kind='{kind}' is read in place. Unset data.stage_dir (=None)",
+            )
+        ]
+    if not stage_dir.startswith("/"):
+        return [
+            Problem(
+                "data.stage_dir",
+                f"{stage_dir!r} is not an absolute path; name a node-local folder such as "
+                "/dev/shm/<you>/data or a node's local disk",
+            )
+        ]
+    return []
 
 
 def _evaluation(cfg: TrainingConfig) -> list[Problem]:
