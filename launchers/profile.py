@@ -270,6 +270,12 @@ def _site_problems(p: Profile, flagged: set[str]) -> list[tuple[str, str]]:
                 "NVSwitch; mesh: each GPU pair linked directly, as on 4-GPU A100 and GH200 nodes)",
             )
         )
+    if p.workdir is not None and not p.workdir.startswith("/"):
+        problems.append(("workdir", f"{p.workdir!r} is not an absolute path (the ranks' folder)"))
+    if (p.container_image or "").startswith("-"):
+        problems.append(
+            ("container_image", f"{p.container_image!r} would be read as an option: name a file")
+        )
     if p.stage_data is not None and not p.stage_data.startswith("/"):
         problems.append(
             ("stage_data", f"{p.stage_data!r} is not an absolute path to a node-local folder")

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from config.tree import ConfigError, apply_overrides
-from launchers.profile import Profile, from_toml, time_to_minutes
+from launchers.profile import Profile, check_profile, from_toml, time_to_minutes
 from launchers.sbatch import render
 from launchers.slurm import slurm_job
 from tests.support import children
@@ -350,3 +350,21 @@ def test_run_name_is_refused_by_recipes_check_and_run(tmp_path: Path, executor: 
 def test_a_run_directory_without_a_folder_name_has_no_job_folder() -> None:
     with pytest.raises(ConfigError, match="logging.run_dir"):
         job_of(from_toml(base("slurm-bare") | {"job_dir": "/jobs"}), "/")
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"workdir": "work/here"}, "workdir"),
+        ({"container_image": "--writable.sif"}, "container_image"),
+        ({"stage_data": "shm/data"}, "stage_data"),
+    ],
+)
+def test_a_path_a_script_would_misread_is_refused(changes: dict, key: str) -> None:
+    """A relative working directory or staging folder means nothing on the nodes; an image
+    named like an option would be read as one by srun or apptainer."""
+    with pytest.raises(ConfigError) as err:
+        check_profile(
+            Profile(executor="slurm-apptainer", **({"container_image": "/i/x.sif"} | changes))
+        )
+    assert [k for k, _ in err.value.problems] == [key]
