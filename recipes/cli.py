@@ -390,6 +390,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# What the login-node install (requirements-login.txt) leaves out on purpose: a command that needs
+# it (a local run, import, export) says so instead of a traceback.
+TRAINING_STACK = ("torch", "megatron", "nemo_run")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     commands = {"list": cmd_list, "show": cmd_show, "check": cmd_check, "run": cmd_run}
@@ -402,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except ConfigError as err:
         return _config_error(err, getattr(args, "json", False))
+    except ModuleNotFoundError as err:
+        top = (err.name or "").partition(".")[0]
+        if top not in TRAINING_STACK or top in sys.modules:  # installed, but a part is missing
+            raise
+        slurm = ", or submit with a Slurm profile (--profile NAME, see recipes profiles)"
+        print(
+            f"error: recipes {args.command} needs {err.name}, which the login-node install "
+            "(requirements-login.txt) leaves out: install the project with its dependencies "
+            f"(pip install .){slurm if args.command == 'run' else ''}",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -161,21 +161,6 @@ def test_unknown_recipe() -> None:
     assert out.returncode == 2 and "llama3_8b_pretrain" in out.stderr
 
 
-@pytest.mark.parametrize("command", ["list", "check", "plan", "runs"])
-def test_fast_path_imports_no_torch(command: str) -> None:
-    """`list`, `check`, `plan` and `runs` answer at once on a login node: no torch, Megatron-Core
-    or NeMo-Run."""
-    args = [command] if command in ("list", "runs") else [command, "llama31_405b_pretrain"]
-    code = (
-        f"import sys, runpy; sys.argv = ['recipes', *{args!r}]\n"
-        "try:\n    runpy.run_module('recipes', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'megatron', 'nemo_run', 'fiddle') if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
-    )
-    out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
-
-
 def test_unsupported_gpu_kind_exits_2() -> None:
     out = recipes("check", "llama3_8b_pretrain", "--gpu", "mi250x")
     assert out.returncode == 2
