@@ -22,11 +22,12 @@ this floor stays free of torch and of the packages above it.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config.blend import parse_blend
+from config.blend import is_blend_file, parse_blend
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,13 @@ class ModelArch:
 
 
 def _indexed_inputs(path: str) -> list[str]:
-    """Each blend prefix's .bin and .idx (object storage, s3:// and the like, is left to Megatron)."""
+    """Each blend prefix's .bin and .idx (object storage, s3:// and the like, is left to Megatron);
+    a blend file itself first, and its prefixes where this machine can read it."""
+    if is_blend_file(path) and not os.path.isfile(path):
+        return [path]  # seen only where the ranks run (a container's mount): checked there
     prefixes, _ = parse_blend(path)
-    return [p + ext for p in prefixes if "://" not in p for ext in (".bin", ".idx")]
+    files = [p + ext for p in prefixes if "://" not in p for ext in (".bin", ".idx")]
+    return [path, *files] if is_blend_file(path) else files
 
 
 def _by_name(*entries: Any) -> dict[str, Any]:

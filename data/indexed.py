@@ -83,38 +83,89 @@ def iter_jsonl_texts(path: str | Path, text_key: str = "text") -> Iterator[tuple
             yield lineno, text
 
 
+def optimal_dtype(vocab_size: int) -> str:
+    """The .bin's token type, as Megatron-Core's DType.optimal_dtype picks it (uint16 below
+    65500 ids halves the file)."""
+    return "uint16" if vocab_size < 65500 else "int32"
+
+
+class IndexedWriter:
+    """Writes a .bin/.idx pair in Megatron-Core's format (version 1, the module docstring) from
+    batches of documents, one sequence per document, as `IndexedDatasetBuilder.add_document`
+    writes them (tests hold the bytes against it). Written here, without Megatron-Core, so that
+    tokenizing imports neither it nor torch (~5 s a process) and writes a batch per call, not a
+    document.
+
+    The pair appears only once complete: it is written under `<prefix>.partial`, renamed by
+    `finish`, and removed by `discard` (or leaving the `with` block by an exception).
+    """
+
+    def __init__(self, prefix: str | Path, vocab_size: int) -> None:
+        import numpy
+
+        self.prefix = str(prefix)
+        self.partial = self.prefix + ".partial"
+        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        self.dtype = numpy.dtype(optimal_dtype(vocab_size))
+        self._bin = open(self.partial + ".bin", "wb")  # noqa: SIM115 (closed in finish/discard)
+        self._lengths: list[int] = []
+        self.tokens = 0
+
+    def __enter__(self) -> IndexedWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def add(self, documents: Sequence[Sequence[int]]) -> None:
+        import numpy
+
+        lengths = [len(ids) for ids in documents]
+        total = sum(lengths)
+        flat = numpy.fromiter((i for ids in documents for i in ids), dtype=self.dtype, count=total)
+        self._bin.write(flat.tobytes(order="C"))
+        self._lengths += lengths
+        self.tokens += total
+
+    @property
+    def documents(self) -> int:
+        return len(self._lengths)
+
+    def finish(self) -> None:
+        import numpy
+
+        self._bin.close()
+        lengths = numpy.asarray(self._lengths, dtype=numpy.int64)
+        pointers = numpy.zeros(len(lengths), dtype=numpy.int64)
+        numpy.cumsum(lengths[:-1] * self.dtype.itemsize, out=pointers[1:])
+        code = {v: k for k, v in DTYPE_CODES.items()}[self.dtype.name]
+        with open(self.partial + ".idx", "wb") as idx:
+            idx.write(INDEX_MAGIC + struct.pack("<Q", 1) + struct.pack("<B", code))
+            idx.write(struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(lengths) + 1))
+            idx.write(lengths.astype(numpy.int32).tobytes(order="C"))
+            idx.write(pointers.tobytes(order="C"))
+            idx.write(numpy.arange(len(lengths) + 1, dtype=numpy.int64).tobytes(order="C"))
+        for ext in (".bin", ".idx"):
+            os.replace(self.partial + ext, self.prefix + ext)
+
+    def discard(self) -> None:
+        self._bin.close()
+        for ext in (".bin", ".idx"):
+            Path(self.partial + ext).unlink(missing_ok=True)
+
+
 def write_indexed(
     documents: Iterable[Sequence[int]], output_prefix: str | Path, *, vocab_size: int
 ) -> tuple[int, int]:
-    """Write token-id documents to `output_prefix`.bin/.idx; return (documents, tokens).
-
-    The files appear only once complete (written under a `.partial` prefix, then renamed), so an
-    interrupted conversion never leaves a dataset that looks valid.
-    """
-    import numpy
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-
-    prefix = str(output_prefix)
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    partial = prefix + ".partial"
-    # uint16 below 65500 ids halves the file; Megatron picks the same way in preprocess_data.
-    dtype = DType.optimal_dtype(vocab_size)
-    builder = IndexedDatasetBuilder(partial + ".bin", dtype=dtype)
-    n_docs = n_tokens = 0
-    try:
-        for ids in documents:
-            builder.add_document(numpy.asarray(ids, dtype=dtype), [len(ids)])
-            n_docs += 1
-            n_tokens += len(ids)
-        builder.finalize(partial + ".idx")
-    except BaseException:
-        builder.data_file.close()
-        for ext in (".bin", ".idx"):
-            Path(partial + ext).unlink(missing_ok=True)
-        raise
-    for ext in (".bin", ".idx"):
-        os.replace(partial + ext, prefix + ext)
-    return n_docs, n_tokens
+    """Write token-id documents to `output_prefix`.bin/.idx; return (documents, tokens). The
+    files appear only once complete (IndexedWriter)."""
+    docs = iter(documents)
+    with IndexedWriter(output_prefix, vocab_size) as writer:
+        for batch in iter(lambda: list(islice(docs, BATCH)), []):
+            writer.add(batch)
+        writer.finish()
+    return writer.documents, writer.tokens
 
 
 # --- tokenizer workers (spawned: safe next to the tokenizer's and torch's threads) ---------------

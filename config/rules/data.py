@@ -7,7 +7,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.blend import split_weights
+from config.blend import (
+    is_blend_file,
+    parse_blend,
+    read_blend_file,
+    split_weights,
+    tokenizer_digest,
+)
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.hf import read_json, tokenizer_size
@@ -41,6 +47,8 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     if data.tokenizer:
         out += _tokenizer_here(cfg)
     out += _evaluation(cfg)
+    if data.path and kind.name == "indexed" and is_blend_file(data.path):
+        out += _blend_file(cfg)
     if data.stage_dir is not None:
         out += _stage_dir(data.stage_dir, kind.name)
     if data.sequence_packing and not kind.packs:
@@ -77,6 +85,57 @@ def data(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
                 "data.kind",
                 f"'{kind.name}' has no images; arch '{arch.name}' trains on data.kind=energon "
                 "(prepare a dataset with `recipes data prepare` or `recipes data make-synthetic-vlm`)",
+            )
+        )
+    return out
+
+
+def _blend_file(cfg: TrainingConfig) -> list[Problem]:
+    """A blend file readable here: its shards exist, it was tokenized with data.tokenizer, and
+    its ids fit the model's embedding (config/blend.py)."""
+    path = cfg.data.path or ""
+    if not os.path.isfile(path):
+        return []  # where the ranks run only: launchers/inputs.py and the job's preflight look
+    try:
+        blend = read_blend_file(path)
+        prefixes, _ = parse_blend(path)
+    except ValueError as err:
+        return [Problem("data.path", str(err))]
+    out = []
+    missing = [p for p in prefixes if not all(os.path.isfile(p + e) for e in (".bin", ".idx"))]
+    if missing:
+        out.append(
+            Problem(
+                "data.path",
+                f"the blend file {path} names {len(missing)} shard(s) without their .bin/.idx "
+                f"(first: {missing[0]}); tokenize again into the blend's folder, or fix the file",
+            )
+        )
+    tok = cfg.data.tokenizer
+    made_with = blend.get("tokenizer_sha256")
+    if tok and made_with and os.path.exists(tok):
+        try:
+            digest = tokenizer_digest(tok)
+        except FileNotFoundError:
+            digest = None  # no tokenizer file in that folder: the tokenizer rule names it
+        if digest is not None and digest != made_with:
+            out.append(
+                Problem(
+                    "data.tokenizer",
+                    f"{tok!r} is not the tokenizer {path} was made with (its files' sha256 "
+                    f"{digest[:12]}..., the blend's {made_with[:12]}...): the ids would mean "
+                    "other tokens. Give the tokenizer the data was tokenized with, or tokenize "
+                    "again with this one",
+                )
+            )
+    size, vocab = blend.get("vocab_size"), cfg.model.vocab_size
+    if isinstance(size, int) and size > vocab:
+        out.append(
+            Problem(
+                "model.vocab_size",
+                f"{vocab}, but {path} was tokenized with a tokenizer of {size} ids: ids up to "
+                f"{size - 1} would index past the embedding. Set model.vocab_size to at least "
+                f"{size}",
             )
         )
     return out

@@ -1,5 +1,9 @@
-"""`recipes data ...`: prepare Energon datasets for data.kind=energon; synthetic sets for demos.
+"""`recipes data ...`: tokenize corpora into indexed shards and blends (data.kind=indexed); prepare
+Energon datasets for data.kind=energon; synthetic sets for demos.
 
+    recipes data tokenize SRC... OUT --tokenizer DIR [--text-key K | --template T] [--workers N]
+                          [--on-error stop|skip] [--no-eod] [--task I --tasks N]
+    recipes data blend CORPUS... --output FILE [--weights W1,W2,...]
     recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
     recipes data make-synthetic-vlm [OUT] [--samples N] [--image-size S] [--seed K]
     recipes data make-synthetic-sft [OUT] [--samples N] [--seed K]
@@ -14,6 +18,7 @@ Exit codes: 0 prepared (bad samples skipped are listed), 2 stopped or unusable i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +34,44 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
         help="prepare Energon datasets (images + captions); make synthetic VLM / SFT / chat sets",
     )
     commands = data.add_subparsers(dest="data_command", required=True)
+
+    p = commands.add_parser(
+        "tokenize",
+        help="JSONL (.gz, .zst), Parquet, Arrow files or folders -> indexed shards + blend.json",
+    )
+    p.add_argument("src", nargs="+", help="files, folders (searched) or globs; each file a shard")
+    p.add_argument("out", help="the output folder: shards/, manifest.json, blend.json")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json or HF tokenizer folder")
+    text = p.add_mutually_exclusive_group()
+    text.add_argument("--text-key", default="text", help="the field holding a document's text")
+    text.add_argument("--template", help='a document made of several fields: "{title}\\n\\n{text}"')
+    p.add_argument(
+        "--no-eod", action="store_true", help="do not end each document with the EOD token"
+    )
+    p.add_argument(
+        "--workers", type=int, default=len(os.sched_getaffinity(0)), help="default: every core"
+    )
+    p.add_argument(
+        "--on-error",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a bad record (not UTF-8, broken JSON, a missing field): stop there, or skip and "
+        "count it (default: stop)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    # A Slurm array: task I of N takes every N-th shard; the last to finish writes the blend.
+    p.add_argument("--task", type=int, default=None, help="this array task (SLURM_ARRAY_TASK_ID)")
+    p.add_argument("--tasks", type=int, default=None, help="array tasks in all")
+
+    p = commands.add_parser(
+        "blend",
+        help="one blend file over several tokenized corpora, weighted by tokens or as given",
+    )
+    p.add_argument("corpus", nargs="+", help="folders of `recipes data tokenize`, or blend files")
+    p.add_argument("--output", "-o", required=True, help="the blend file to write (.json)")
+    p.add_argument(
+        "--weights", help="one weight per corpus, comma-separated (default: by their tokens)"
+    )
 
     p = commands.add_parser(
         "prepare",
@@ -79,6 +122,14 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "tokenize":
+        from data.tools.tokenize_cli import cmd_tokenize
+
+        return cmd_tokenize(args)
+    if args.data_command == "blend":
+        from data.tools.tokenize_cli import cmd_blend
+
+        return cmd_blend(args)
     if args.data_command == "make-synthetic-sft":
         from data.tools.synthetic_sft import TOKENIZER, make_synthetic_sft
 
