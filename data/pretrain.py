@@ -207,3 +207,37 @@ def batches(
     sizes = (samples, 0) if part == "train" else (0, samples)
     train, valid, _ = build_pretrain_datasets(cfg, build_tokenizer(cfg), *sizes)
     return SampledBatches(cfg, derived, train if part == "train" else valid, dp_rank, device)
+
+
+def prepare_index_caches(cfg: TrainingConfig) -> str:
+    """Megatron's index caches of every split the run reads (train; validation when
+    train.eval_interval > 0), built in this one process with the sample counts the ranks ask
+    for (`batches`), so that the ranks find them and build nothing: Megatron-LM's
+    tools/prepare_cache.py for this project's runs. The cache folder.
+
+    The caches of a staged blend (data.stage_dir) name the node-local copies, which exist on the
+    compute nodes only: global rank 0 builds those, once, into the shared cache folder."""
+    from data.batches import samples_needed
+    from data.tokenizer import build_tokenizer
+
+    data = cfg.data
+    if data.kind != "indexed" or not data.path:
+        raise ValueError(
+            f"data.kind={data.kind!r}: index caches belong to indexed blends (data.kind=indexed "
+            "with data.path)"
+        )
+    if data.stage_dir:
+        raise ValueError(
+            f"data.stage_dir={data.stage_dir!r}: the caches of a staged blend name its node-local "
+            "copies, so the job's rank 0 builds them (once, for every node); set "
+            "data.stage_dir=None to build them here for the blend read in place"
+        )
+    tokenizer = build_tokenizer(cfg)
+    parts = ["train"] + (["valid"] if cfg.train.eval_interval else [])
+    for part in parts:
+        samples = samples_needed(cfg, part)
+        build_pretrain_datasets(
+            cfg, tokenizer, *((samples, 0) if part == "train" else (0, samples))
+        )
+    folder = index_cache_dir(parse_blend(data.path)[0], data.index_cache_dir)
+    return folder or "Megatron's default"

@@ -228,6 +228,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_data_cache(args: argparse.Namespace) -> int:
+    """`recipes data cache RECIPE [OVERRIDES]`: the run's index caches, built here."""
+    _, cfg = resolve(args.recipe, args.overrides)
+    from data.pretrain import prepare_index_caches
+
+    try:
+        folder = prepare_index_caches(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"index caches of {args.recipe} in {folder}: the ranks read them and build none")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the plans, 2 when the recipe is invalid whatever the layout, 3 when no layout
     fits."""
@@ -402,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     commands["runs"] = cmd_runs
     commands["profiles"] = cmd_profiles
     commands["data"] = cmd_data
+    if args.command == "data" and args.data_command == "cache":
+        commands["data"] = cmd_data_cache  # it resolves a recipe: this floor's work, not data's
     commands["import"] = commands["export"] = cmd_convert
     try:
         return commands[args.command](args)

@@ -4,6 +4,7 @@ Energon datasets for data.kind=energon; synthetic sets for demos.
     recipes data tokenize SRC... OUT --tokenizer DIR [--text-key K | --template T] [--workers N]
                           [--on-error stop|skip] [--no-eod] [--task I --tasks N]
     recipes data blend CORPUS... --output FILE [--weights W1,W2,...]
+    recipes data cache RECIPE [OVERRIDES...]      (recipes/cli.py: it resolves a recipe)
     recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
     recipes data make-synthetic-vlm [OUT] [--samples N] [--image-size S] [--seed K]
     recipes data make-synthetic-sft [OUT] [--samples N] [--seed K]
@@ -62,6 +63,13 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
     # A Slurm array: task I of N takes every N-th shard; the last to finish writes the blend.
     p.add_argument("--task", type=int, default=None, help="this array task (SLURM_ARRAY_TASK_ID)")
     p.add_argument("--tasks", type=int, default=None, help="array tasks in all")
+
+    p = commands.add_parser(
+        "cache",
+        help="build a run's Megatron index caches here, once, before the job (prepare_cache.py)",
+    )
+    p.add_argument("recipe", help="the recipe whose indexed data.path to prepare")
+    p.add_argument("overrides", nargs="*", help="dotlist overrides, as for recipes run")
 
     p = commands.add_parser(
         "blend",

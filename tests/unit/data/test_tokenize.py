@@ -241,3 +241,45 @@ def test_a_missing_parquet_column_names_the_columns(hf_tokenizer: Path, corpus: 
         TokenizeError, match=r"d.parquet: no column 'body' \(columns: text, title\)"
     ):
         run(p, 1, progress=False)
+
+
+def test_prepared_index_caches_are_the_ones_the_ranks_read(
+    hf_tokenizer: Path, corpus: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`recipes data cache`: afterwards the ranks' own dataset build (data/pretrain.py batches:
+    the same sample counts) is a cache hit; Megatron builds an index only with numpy.save."""
+    import numpy
+
+    from config.schema import DataConfig
+    from data.batches import samples_needed
+    from data.pretrain import build_pretrain_datasets, prepare_index_caches
+    from data.tokenizer import build_tokenizer
+    from tests.unit.data.test_data import _cfg
+
+    src, _ = corpus
+    out = src.parent / "out"
+    p = plan([str(src)], out, Settings(tokenizer=str(hf_tokenizer)))
+    run(p, 1, progress=False)
+    finish(p)
+    cfg = _cfg(
+        DataConfig(
+            kind="indexed",
+            path=str(out / "blend.json"),
+            tokenizer=str(hf_tokenizer),
+            index_cache_dir=str(src.parent / "caches"),
+        ),
+        vocab_size=400,
+    )
+    cfg.train.max_steps = 20
+    assert prepare_index_caches(cfg).startswith(str(src.parent / "caches"))
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Megatron built an index the prepared caches should hold")
+
+    monkeypatch.setattr(numpy, "save", no_build)
+    tok = build_tokenizer(cfg)
+    train, _, _ = build_pretrain_datasets(cfg, tok, samples_needed(cfg, "train"), 0)
+    assert len(train) >= samples_needed(cfg, "train")
+    cfg.train.max_steps = 21  # another run's sample count: not prepared, so built
+    with pytest.raises(AssertionError, match="Megatron built an index"):
+        build_pretrain_datasets(cfg, tok, samples_needed(cfg, "train"), 0)
