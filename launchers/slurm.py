@@ -341,27 +341,33 @@ def srun_command(job: SlurmJob) -> list[Arg]:
     cpus = [] if p.psslurm else [Raw('--cpus-per-task="$SLURM_CPUS_ON_NODE"')]
     srun: list[Arg] = ["srun", "--ntasks-per-node=1", *cpus, "--cpu-bind=none"]
     srun += ["--kill-on-bad-exit=1", *p.srun_flags]
+    return srun + container_wrap(p, job.device, job.edf_path, job.env.names) + torchrun_command(job)
+
+
+def container_wrap(p: Profile, device: str, edf_path: str, env_names: list[str]) -> list[Arg]:
+    """What goes between srun's own options and the command for the profile's environment: the
+    pyxis options, `--environment=<EDF>`, `apptainer exec ... IMAGE`, or nothing (bare)."""
     mounts = ",".join(str(m) for m in parse_mounts(p.mounts))
-    if job.kind == "slurm-edf":
-        return srun + [f"--environment={job.edf_path}"] + torchrun_command(job)
-    if job.kind == "slurm":
-        srun += [f"--container-image={p.container_image}"]
-        srun += [f"--container-mounts={mounts}"] if mounts else []
-        srun += [f"--container-workdir={p.workdir}"] if p.workdir else []
+    if p.executor == "slurm-edf":
+        return [f"--environment={edf_path}"]
+    if p.executor == "slurm":
+        wrap: list[Arg] = [f"--container-image={p.container_image}"]
+        wrap += [f"--container-mounts={mounts}"] if mounts else []
+        wrap += [f"--container-workdir={p.workdir}"] if p.workdir else []
         # Home stays out (its ~/.local packages would shadow the image's); the image is writable
         # for caches that libraries write next to themselves (Triton, TE JIT).
-        srun += ["--no-container-mount-home", "--container-writable"]
-        srun += [f"--mpi={p.mpi}"] if p.mpi else []
+        wrap += ["--no-container-mount-home", "--container-writable"]
+        wrap += [f"--mpi={p.mpi}"] if p.mpi else []
         # Our variables must win over the image's ENV lines: pyxis sets these from the job's.
-        srun += [f"--container-env={','.join(job.env.names)}"] if job.env.names else []
-        return srun + torchrun_command(job)
-    if job.kind == "slurm-apptainer":
-        wrap: list[Arg] = [("apptainer", "exec")]
-        wrap += ["--nv"] if job.device != "cpu" else []
+        wrap += [f"--container-env={','.join(env_names)}"] if env_names else []
+        return wrap
+    if p.executor == "slurm-apptainer":
+        wrap = [("apptainer", "exec")]
+        wrap += ["--nv"] if device != "cpu" else []
         wrap += ["--no-home"] + ([("--bind", mounts)] if mounts else [])
         wrap += [("--pwd", p.workdir)] if p.workdir else []
-        return srun + wrap + [p.container_image or ""] + torchrun_command(job)
-    return srun + torchrun_command(job)
+        return wrap + [p.container_image or ""]
+    return []
 
 
 def edf_text(job: SlurmJob) -> str:
