@@ -280,6 +280,28 @@ def test_model_override_of_an_unknown_architecture(tmp_path: Path) -> None:
     assert field == "model" and "GPT2LMHeadModel" in message and "LlamaForCausalLM" in message
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "llama3_8b_sft", "model={folder}"],
+        ["check", "llama3_8b_sft", "checkpoint.pretrained_dir={folder}"],
+        ["import", "{folder}", "{out}"],
+    ],
+    ids=["model", "pretrained_dir", "import"],
+)
+def test_cli_refuses_an_unknown_architecture_naming_it_and_the_families(
+    tmp_path: Path, args: list[str]
+) -> None:
+    folder = hf_folder(tmp_path / "foo", {"architectures": ["FooForCausalLM"], "hidden_size": 8})
+    out = recipes(*(a.format(folder=folder, out=tmp_path / "out") for a in args))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text
+    assert "['FooForCausalLM']" in text and "no family map here reads" in text
+    assert "Qwen2ForCausalLM (Qwen2 / Qwen2.5)" in text and "Phi3ForCausalLM" in text
+    assert text.count("LlamaForCausalLM") == 1  # the families listed once, not twice
+    assert "Traceback" not in text and not (tmp_path / "out").exists()
+
+
 # --- the command line ---------------------------------------------------------------------------
 def test_cli_check_refuses_a_mismatching_folder(tmp_path: Path) -> None:
     folder = llama_folder(tmp_path / "m", ffn_hidden_size=12288)
