@@ -87,7 +87,7 @@ def _mismatch(name: str, ours: Any, theirs: Any, given: str) -> Problem:
             f"{name}={ours}, but {FIELD}={given} attends within a sliding window of {theirs} "
             f"tokens (its {hf.CONFIG_FILE} sliding_window), which the layers here do not model "
             f"(they attend over the whole sequence); up to {theirs} tokens the two compute the "
-            f"same: set {name} to {theirs} or less (e.g. {_power_of_two(theirs)})",
+            f"same: set {name} to {theirs} or less (e.g. {_round_length(theirs)})",
         )
     return Problem(
         name,
@@ -96,9 +96,10 @@ def _mismatch(name: str, ours: Any, theirs: Any, given: str) -> Problem:
     )
 
 
-def _power_of_two(n: int) -> int:
-    """The largest power of two up to n: a length TP and CP divide."""
-    return 1 << (n.bit_length() - 1)
+def _round_length(n: int) -> int:
+    """The largest multiple of 128 up to n (n itself when shorter): a length that TP with
+    sequence parallel and 2 x CP divide at any size the rules allow."""
+    return n // 128 * 128 or n
 
 
 def _arch(has_vision: bool) -> str:

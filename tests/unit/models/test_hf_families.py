@@ -209,7 +209,7 @@ def test_a_window_shorter_than_the_sequence_is_what_the_checker_refuses(tmp_path
     model = hf_config(tmp_path / "w16", tmp_path / "run", seq_length=32).model
     [problem] = pretrained_problems(model, tmp_path / "w16", "w16")
     assert problem.field == "model.seq_length" and "sliding_window" in problem.message
-    assert "set model.seq_length to 16 or less" in problem.message
+    assert "set model.seq_length to 16 or less (e.g. 16)" in problem.message
     model.seq_length = 16
     assert pretrained_problems(model, tmp_path / "w16", "w16") == []
 
