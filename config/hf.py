@@ -12,7 +12,9 @@ error.
 `differences(model, folder)` lists the architecture fields where a recipe's `model` section and the
 folder disagree; `checkpoint.pretrained_dir` refuses such a folder before launch, naming each field
 and both values. Fields that are training choices (sequence length, dropout, init, recompute, the
-MoE dispatcher and balancing loss) are not compared.
+MoE dispatcher and balancing loss) are not compared, but for one bound: a folder whose layers attend
+within a sliding window (a family's `attention_span`) computes as the whole-sequence attention here
+only up to the window's length, so a longer model.seq_length is listed too.
 
 `model_override(folder, ours)` is what the override `model=<folder>` gives: the folder's
 architecture with the recipe's training choices. A recipe function takes a folder's architecture
