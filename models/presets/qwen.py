@@ -101,8 +101,9 @@ def _qwen25(
 
 
 # Qwen/Qwen2.5-<size> config.json (the base models; each -Instruct has the same shapes). The
-# 14B, 32B and 72B base models publish rms_norm_eps 1e-5 and their -Instruct 1e-6: with an
-# Instruct folder, `recipes check` names model.layernorm_epsilon (or take model=<folder>).
+# 14B, 32B and 72B base models publish rms_norm_eps 1e-5, and some -Instruct folders 1e-6
+# (Qwen2.5-32B-Instruct): with such a folder, `recipes check` names model.layernorm_epsilon and
+# both values (set it, or take model=<folder>).
 def qwen25_0p5b(seq_length: int = 4096) -> ModelConfig:
     """Qwen/Qwen2.5-0.5B: 0.49B parameters, 24 layers, 14 heads of 64, tied embeddings."""
     return _qwen25(
