@@ -12,7 +12,9 @@ error.
 `differences(model, folder)` lists the architecture fields where a recipe's `model` section and the
 folder disagree; `checkpoint.pretrained_dir` refuses such a folder before launch, naming each field
 and both values. Fields that are training choices (sequence length, dropout, init, recompute, the
-MoE dispatcher and balancing loss) are not compared.
+MoE dispatcher and balancing loss) are not compared, but for one bound: a folder whose layers attend
+within a sliding window (a family's `attention_span`) computes as the whole-sequence attention here
+only up to the window's length, so a longer model.seq_length is listed too.
 
 `model_override(folder, ours)` is what the override `model=<folder>` gives: the folder's
 architecture with the recipe's training choices. A recipe function takes a folder's architecture
@@ -22,6 +24,7 @@ the same way in Python: `cfg.model = model_override("/models/Qwen3-8B", cfg.mode
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import struct
 from pathlib import Path
@@ -139,16 +142,33 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return data
 
 
+class UnknownArchitecture(ValueError):
+    """A config.json whose `architectures` names no family of HF_FAMILIES (its message lists
+    them, so callers add no list of their own)."""
+
+
+def supported_families() -> str:
+    """'LlamaForCausalLM (Llama 3 / 3.1 / 3.2), ...': what error messages list."""
+    return ", ".join(f"{f.name} ({f.summary})" for f in HF_FAMILIES.values())
+
+
 def family(hf: dict[str, Any], folder: str | Path) -> HfFamily:
-    """The registry entry of the folder's architecture; ValueError naming the supported ones."""
+    """The registry entry of the folder's architecture; UnknownArchitecture naming the
+    architecture and the supported families (before anything is launched or converted)."""
     names = hf.get("architectures") or []
+    if not isinstance(names, list):
+        names = [names]
     for name in names:
-        if name in HF_FAMILIES:
+        if isinstance(name, str) and name in HF_FAMILIES:
             return HF_FAMILIES[name]
-    supported = ", ".join(HF_FAMILIES)
-    raise ValueError(
-        f"{Path(folder) / CONFIG_FILE} names architectures {names}; the supported ones are "
-        f"{supported}"
+    given = (
+        f"names architectures {names}"
+        if names
+        else "has no `architectures` list (transformers writes one on save_pretrained)"
+    )
+    raise UnknownArchitecture(
+        f"{Path(folder) / CONFIG_FILE} {given}, which no family map here reads; the supported "
+        f"families are {supported_families()}"
     )
 
 
@@ -222,7 +242,21 @@ def model_from_hf(
         raise ValueError(unread_message(folder, entry.name, unread))
     if seq_length is not None:
         model.seq_length = seq_length
+    else:  # the folder's own length, within what it computes as full attention
+        span = attention_span(folder, hf)
+        if span is not None:
+            model.seq_length = min(model.seq_length, span)
     return model
+
+
+def attention_span(folder: str | Path, hf: dict[str, Any] | None = None) -> int | None:
+    """The longest sequence the folder's model attends over as Megatron-Core's causal attention
+    does (None: any length): a family module's optional `attention_span(config.json)`, for
+    folders whose layers attend within a sliding window (Phi-3's config.json sliding_window 2047:
+    up to 2047 tokens no window ever cuts a token off, beyond it one does)."""
+    hf = read_config(folder) if hf is None else hf
+    span = getattr(importlib.import_module(family(hf, folder).module), "attention_span", None)
+    return None if span is None else span(hf)
 
 
 def unread_message(folder: str | Path, architecture: str, unread: list[str], shown: int = 5) -> str:
@@ -269,6 +303,9 @@ def differences(
     """(field, ours, the folder's) for each architecture field where `model` and the folder differ."""
     theirs = model_from_hf(folder, model.seq_length, names)
     out = []
+    span = attention_span(folder)
+    if span is not None and model.seq_length > span:  # a training choice the folder bounds
+        out.append(("model.seq_length", model.seq_length, span))
     for name in ARCH_FIELDS:
         a, b = _effective(model, name), _effective(theirs, name)
         if a != b:
@@ -354,6 +391,8 @@ def tokenizer_size(path: str | Path) -> int | None:
 
 __all__ = [
     "VisionConfig",
+    "UnknownArchitecture",
+    "attention_span",
     "differences",
     "family",
     "is_hf_folder",
@@ -364,6 +403,7 @@ __all__ = [
     "read_config",
     "read_json",
     "safetensors_tensors",
+    "supported_families",
     "tokenizer_size",
     "with_training_fields",
 ]

@@ -172,7 +172,9 @@ class HfFamily:
     as llava-hf has several), else None; `matches(model)` -> True
     when an export of `model` without an origin should take this family. Optional:
     `skipped(model, name)` -> True for a tensor of a folder that the map leaves out on purpose (see
-    `HF_UNREAD`).
+    `HF_UNREAD`); `attention_span(hf_config)` -> the longest sequence its layers attend over as
+    whole-sequence causal attention (a sliding window's length; None: any), which bounds
+    model.seq_length when the folder's weights are loaded (config/hf.py `differences`).
     """
 
     name: str
@@ -188,6 +190,9 @@ HF_UNREAD = "models.hf:unread_tensors"
 # One entry per supported Hugging Face architecture; a family to come is its module plus a line.
 HF_FAMILIES: dict[str, HfFamily] = _by_name(
     HfFamily("LlamaForCausalLM", "models.hf.llama", "Llama 3 / 3.1 / 3.2"),
+    HfFamily("Qwen2ForCausalLM", "models.hf.qwen2", "Qwen2 / Qwen2.5"),
+    HfFamily("MistralForCausalLM", "models.hf.mistral", "Mistral 7B"),
+    HfFamily("Phi3ForCausalLM", "models.hf.phi3", "Phi-3 4K"),
     HfFamily("Qwen3ForCausalLM", "models.hf.qwen3", "Qwen3 dense"),
     HfFamily("Qwen3MoeForCausalLM", "models.hf.qwen3_moe", "Qwen3 mixture of experts"),
     HfFamily("MixtralForCausalLM", "models.hf.mixtral", "Mixtral"),

@@ -58,6 +58,8 @@ def pretrained_problems(model: ModelConfig, folder: Path, given: str) -> list[Pr
         return []  # config.json beside a Megatron checkpoint: the engine reads the checkpoint
     try:
         found = hf.differences(model, folder)
+    except hf.UnknownArchitecture as err:  # its message lists the supported families
+        return [Problem(FIELD, f"{err}. {FIELD} takes a Megatron checkpoint or such a folder")]
     except hf.READ_ERRORS as err:
         return [
             Problem(
@@ -79,11 +81,25 @@ def _mismatch(name: str, ours: Any, theirs: Any, given: str) -> Problem:
             f"the model {has[ours]} but {FIELD}={given} (a {_arch(theirs)} model) "
             f"{'does' if theirs else 'does not'} hold a vision encoder: {whole}",
         )
+    if name == "model.seq_length":  # the folder's bound, not its value (config/hf.py)
+        return Problem(
+            name,
+            f"{name}={ours}, but {FIELD}={given} attends within a sliding window of {theirs} "
+            f"tokens (its {hf.CONFIG_FILE} sliding_window), which the layers here do not model "
+            f"(they attend over the whole sequence); up to {theirs} tokens the two compute the "
+            f"same: set {name} to {theirs} or less (e.g. {_round_length(theirs)})",
+        )
     return Problem(
         name,
         f"{name}={_value(ours)}, but {FIELD}={given} has {_value(theirs)} (its "
         f"{hf.CONFIG_FILE}): set {name}={_value(theirs)}, or {whole}",
     )
+
+
+def _round_length(n: int) -> int:
+    """The largest multiple of 128 up to n (n itself when shorter): a length that TP with
+    sequence parallel and 2 x CP divide at any size the rules allow."""
+    return n // 128 * 128 or n
 
 
 def _arch(has_vision: bool) -> str:

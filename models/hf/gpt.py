@@ -173,6 +173,21 @@ def qkv(q: str, k: str, v: str, heads: int, groups: int, head_dim: int) -> Rows:
     return Rows(tuple(parts))
 
 
+def fused_qkv(name: str, heads: int, groups: int, head_dim: int) -> Rows:
+    """Megatron's fused QKV from one Hugging Face tensor that holds [all q; all k; all v] (Phi-3's
+    qkv_proj): the same per-group interleaving as `qkv`, each block a row range of `name`."""
+    per_group = heads // groups * head_dim
+    k0, v0 = heads * head_dim, (heads + groups) * head_dim
+    parts: list[Part] = []
+    for g in range(groups):
+        parts += [
+            Part(name, g * per_group, (g + 1) * per_group),
+            Part(name, k0 + g * head_dim, k0 + (g + 1) * head_dim),
+            Part(name, v0 + g * head_dim, v0 + (g + 1) * head_dim),
+        ]
+    return Rows(tuple(parts))
+
+
 def gated(gate: str, up: str) -> Rows:
     """Megatron's fc1 of a gated MLP: [gate; up]."""
     return Rows((Part(gate), Part(up)))

@@ -1,7 +1,8 @@
 """Llama 3 / 3.1 / 3.2 (LlamaForCausalLM) <-> Megatron-Core's GPTModel.
 
 RMSNorm, SwiGLU, GQA, RoPE with Llama 3.1/3.2's "llama3" frequency scaling, tied embeddings on the
-small 3.2 models. Biases (`attention_bias`, `mlp_bias`) are mapped when a derivative sets them both.
+small 3.2 models. Biases (`attention_bias`, `mlp_bias`) are mapped when a derivative sets them both;
+q/k/v biases alone are Qwen2's layout (models/hf/qwen2.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,21 @@ ARCHITECTURE = "LlamaForCausalLM"
 def to_model(hf: dict[str, Any], names: set[str]) -> ModelConfig:
     attention_bias, mlp_bias = bool(hf.get("attention_bias")), bool(hf.get("mlp_bias"))
     if attention_bias != mlp_bias:
-        raise ValueError(
-            f"config.json attention_bias={attention_bias}, mlp_bias={mlp_bias}: Megatron-Core "
-            "puts biases on every linear layer or on QKV only"
-        )
+        raise ValueError(bias_message(attention_bias, mlp_bias))
     return ModelConfig(
         **gpt.decoder_fields(hf), add_qkv_bias=attention_bias, add_bias_linear=mlp_bias
+    )
+
+
+def bias_message(attention_bias: bool, mlp_bias: bool) -> str:
+    """Why Llama's biases on attention alone, or on the MLP alone, are refused, and what to do."""
+    return (
+        f"config.json attention_bias={str(attention_bias).lower()}, "
+        f"mlp_bias={str(mlp_bias).lower()}: Llama's attention_bias puts a bias on q, k, v and "
+        "o_proj. Megatron-Core models biases on q, k and v alone (add_qkv_bias: Qwen2's layout, "
+        "no bias on o_proj or the MLP) or on every linear layer (attention_bias and mlp_bias both "
+        "true), not this mix. If the folder's only biases are q_proj/k_proj/v_proj.bias, it is a "
+        'Qwen2 model: set architectures to ["Qwen2ForCausalLM"] in its config.json'
     )
 
 
@@ -35,11 +45,14 @@ def to_hf(model: ModelConfig) -> dict[str, Any]:
 
 
 def matches(model: ModelConfig) -> bool:
+    """A dense GPT without QK norm whose biases, if any, are on every linear layer (QKV alone is
+    Qwen2's: Llama's attention_bias would put one on o_proj too)."""
     return (
         model.arch == "gpt"
         and not model.num_moe_experts
         and not model.qk_layernorm
         and not model.multi_latent_attention
+        and model.add_qkv_bias == model.add_bias_linear
     )
 
 

@@ -1,4 +1,4 @@
-"""Qwen3 presets (dense and mixture of experts), numbers from Qwen's published config.json.
+"""Qwen2.5 and Qwen3 presets (dense and MoE), numbers from Qwen's published config.json.
 
 Plain functions returning `ModelConfig` (no torch: these sit on the one-second CLI path).
 """
@@ -66,3 +66,87 @@ def qwen3_8b(seq_length: int = 4096) -> ModelConfig:
         activation="swiglu",  # hidden_act: silu, gated (gate_proj, up_proj)
         init_method_std=0.02,  # initializer_range
     )
+
+
+def _qwen25(
+    seq_length: int,
+    *,
+    layers: int,
+    hidden: int,
+    ffn: int,
+    heads: int,
+    groups: int,
+    vocab: int,
+    tied: bool,
+    eps: float,
+) -> ModelConfig:
+    """What every Qwen2.5 size shares (Qwen2ForCausalLM): RMSNorm, SwiGLU, GQA, RoPE base 1e6, a
+    bias on q, k and v only (add_qkv_bias), no QK norm, heads of hidden / heads (128 or 64)."""
+    return ModelConfig(
+        num_layers=layers,  # num_hidden_layers
+        hidden_size=hidden,  # hidden_size
+        ffn_hidden_size=ffn,  # intermediate_size
+        num_attention_heads=heads,  # num_attention_heads
+        num_query_groups=groups,  # num_key_value_heads
+        add_qkv_bias=True,  # Qwen2's q_proj/k_proj/v_proj carry a bias; o_proj and the MLP none
+        share_embeddings_and_output_weights=tied,  # tie_word_embeddings
+        seq_length=seq_length,
+        vocab_size=vocab,  # vocab_size
+        rotary_base=1_000_000,  # rope_theta
+        normalization="RMSNorm",
+        layernorm_epsilon=eps,  # rms_norm_eps
+        activation="swiglu",  # hidden_act: silu, gated
+        init_method_std=0.02,  # initializer_range
+    )
+
+
+# Qwen/Qwen2.5-<size> config.json (the base models; each -Instruct has the same shapes). The
+# 14B, 32B and 72B base models publish rms_norm_eps 1e-5, and some -Instruct folders 1e-6
+# (Qwen2.5-32B-Instruct): with such a folder, `recipes check` names model.layernorm_epsilon and
+# both values (set it, or take model=<folder>).
+def qwen25_0p5b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-0.5B: 0.49B parameters, 24 layers, 14 heads of 64, tied embeddings."""
+    return _qwen25(
+        seq_length, layers=24, hidden=896, ffn=4864, heads=14, groups=2, vocab=151_936,
+        tied=True, eps=1e-6,
+    )  # fmt: skip
+
+
+def qwen25_1p5b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-1.5B: 1.54B parameters, 28 layers, 12 heads of 128, tied embeddings."""
+    return _qwen25(
+        seq_length, layers=28, hidden=1536, ffn=8960, heads=12, groups=2, vocab=151_936,
+        tied=True, eps=1e-6,
+    )  # fmt: skip
+
+
+def qwen25_7b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-7B: 7.61B parameters, 28 layers, 28 heads of 128 in 4 KV groups."""
+    return _qwen25(
+        seq_length, layers=28, hidden=3584, ffn=18944, heads=28, groups=4, vocab=152_064,
+        tied=False, eps=1e-6,
+    )  # fmt: skip
+
+
+def qwen25_14b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-14B: 14.7B parameters, 48 layers, 40 heads of 128 in 8 KV groups."""
+    return _qwen25(
+        seq_length, layers=48, hidden=5120, ffn=13824, heads=40, groups=8, vocab=152_064,
+        tied=False, eps=1e-5,
+    )  # fmt: skip
+
+
+def qwen25_32b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-32B: 32.5B parameters, 64 layers, 40 heads of 128 in 8 KV groups."""
+    return _qwen25(
+        seq_length, layers=64, hidden=5120, ffn=27648, heads=40, groups=8, vocab=152_064,
+        tied=False, eps=1e-5,
+    )  # fmt: skip
+
+
+def qwen25_72b(seq_length: int = 4096) -> ModelConfig:
+    """Qwen/Qwen2.5-72B: 72.7B parameters, 80 layers, 64 heads of 128 in 8 KV groups."""
+    return _qwen25(
+        seq_length, layers=80, hidden=8192, ffn=29568, heads=64, groups=8, vocab=152_064,
+        tied=False, eps=1e-5,
+    )  # fmt: skip

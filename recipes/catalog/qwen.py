@@ -1,4 +1,5 @@
-"""Qwen3 recipes: the 30B-A3B mixture of experts on layouts NVIDIA published, the dense 8B.
+"""Qwen recipes: Qwen3-30B-A3B (MoE) on layouts NVIDIA published, the dense Qwen3 8B, and
+fine-tuning Qwen2.5 7B.
 
 MoE sources are rows of the Megatron-Bridge performance summary; their exact settings live in
 Megatron-Bridge's scripts/performance/configs/qwen/qwen3_workload_base_configs.py. The base recipe
@@ -10,12 +11,15 @@ Qwen3 8B has no published performance run (neither the Megatron-Bridge nor the N
 summary lists it); its recipes take the layouts of Megatron-Bridge's own Qwen3 recipes
 (src/megatron/bridge/recipes/qwen/qwen3.py `qwen3_8b_pretrain_config` and
 `qwen3_8b_finetune_config`, full SFT), with sequence parallel on whenever TP > 1 as NeMo does.
+
+Qwen2.5 7B's fine-tuning recipes take Megatron-Bridge's (src/megatron/bridge/recipes/qwen/qwen2.py
+`qwen25_7b_finetune_config`): full SFT at TP 2, LoRA at TP 1, one 8-GPU node each.
 """
 
 from __future__ import annotations
 
 from config.schema import ModelConfig, ParallelConfig, TrainingConfig
-from models.presets.qwen import qwen3_8b, qwen3_30b_a3b
+from models.presets.qwen import qwen3_8b, qwen3_30b_a3b, qwen25_7b
 from recipes.base import finetune, lora, pretrain
 from recipes.recipe import recipe
 
@@ -26,6 +30,9 @@ MB_RECIPE = "no published perf run; Megatron-Bridge recipes/qwen/qwen3.py"
 # tokenizer.json): `hf download Qwen/Qwen3-8B --local-dir /models/Qwen3-8B`. Placeholder: override
 # checkpoint.pretrained_dir and data.tokenizer with where yours is.
 QWEN3_8B_HF = "/models/Qwen3-8B"
+# The same for Qwen/Qwen2.5-7B (or -Instruct: the same shapes and numbers).
+QWEN25_7B_HF = "/models/Qwen2.5-7B"
+MB_QWEN25 = "Megatron-Bridge recipes/qwen/qwen2.py qwen25_7b_finetune_config"
 
 
 def _pretrain(
@@ -156,4 +163,39 @@ def qwen3_8b_lora() -> TrainingConfig:
         global_batch_size=8,
         kind="chat",
     )
+    return lora(cfg, rank=32, alpha=32)
+
+
+def _qwen25_7b_finetune(parallel: ParallelConfig, *, seq_length: int, kind: str) -> TrainingConfig:
+    """Qwen2.5 7B from its Hugging Face folder: Megatron-Bridge's fine-tuning defaults (GBS 128,
+    MBS 1, 1000 steps here for its 100). The paths are placeholders: override
+    checkpoint.pretrained_dir, data.path and data.tokenizer."""
+    return finetune(
+        qwen25_7b(seq_length=seq_length),
+        parallel,
+        data_path=f"/data/{kind}/train.jsonl",  # placeholder: prompt/response or messages lines
+        tokenizer=QWEN25_7B_HF,  # placeholder: the folder (its tokenizer and chat template)
+        pretrained_dir=QWEN25_7B_HF,  # placeholder: a Hugging Face folder or a Megatron checkpoint
+        global_batch_size=128,
+        kind=kind,
+    )
+
+
+@recipe(nodes=1, source=f"{MB_QWEN25}(peft=None): full SFT TP2 PP1, seq 4096, GBS 128, lr 5e-6")
+def qwen25_7b_sft() -> TrainingConfig:
+    """Qwen2.5 7B full SFT on one 8-GPU node (TP 2 x DP 4), from the Hugging Face folder.
+
+    28 heads in 4 KV groups: TP divides 4 (1, 2 or 4). TP 2 with sequence parallel splits the
+    7.6B weights so that the distributed optimizer's state fits 80 GB with 4096-token rows.
+    """
+    return _qwen25_7b_finetune(
+        ParallelConfig(tensor_model_parallel_size=2), seq_length=4096, kind="sft"
+    )
+
+
+@recipe(nodes=1, source=f"{MB_QWEN25}(peft='lora'): TP1, dim 32, alpha 32, lr 1e-4, packed 2048")
+def qwen25_7b_lora() -> TrainingConfig:
+    """Qwen2.5 7B LoRA on chat conversations on one 8-GPU node (DP 8), with Qwen2.5's own chat
+    template; rows packed to 2048 tokens as Megatron-Bridge packs them."""
+    cfg = _qwen25_7b_finetune(ParallelConfig(), seq_length=2048, kind="chat")
     return lora(cfg, rank=32, alpha=32)

@@ -10,6 +10,7 @@ are compared with transformers' in tests/unit/models/test_hf_llama.py and tests/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,18 @@ def qwen3(folder: Path) -> Path:
     return _save(transformers.Qwen3ForCausalLM(config), folder)
 
 
+def family(name: str) -> Callable[[Path], Path]:
+    """The tiny model of tests/unit/models/test_hf_families.py `tiny(name)`, saved in a folder."""
+
+    def make(folder: Path) -> Path:
+        from tests.unit.models.test_hf_families import tiny
+
+        tiny(name, folder)
+        return folder
+
+    return make
+
+
 def qwen3_moe(folder: Path) -> Path:
     from tests.unit.models.test_hf_families import tiny
 
@@ -96,6 +109,11 @@ LAYOUTS = {
     # MoE with TP > 1 needs sequence parallel, which the CPU mode lacks: EP here.
     "mixtral_ep2": (mixtral, {"expert_model_parallel_size": 2}),
     "qwen3_tp2": (qwen3, {"tensor_model_parallel_size": 2}),
+    # Qwen2's q/k/v biases split with their query groups, its embedding tied to the output layer.
+    "qwen2_tp2": (family("qwen2"), {"tensor_model_parallel_size": 2}),
+    # Phi-3's fused qkv_proj and gate_up_proj: each TP rank reads its groups' rows out of them.
+    "phi3_tp2": (family("phi3"), {"tensor_model_parallel_size": 2}),
+    "mistral_pp2": (family("mistral"), {"pipeline_model_parallel_size": 2}),
     "qwen3_moe_ep2": (qwen3_moe, {"expert_model_parallel_size": 2}),
     "deepseek_v3_ep2": (deepseek_v3, {"expert_model_parallel_size": 2}),
     "deepseek_v3_pp2": (deepseek_v3, {"pipeline_model_parallel_size": 2}),

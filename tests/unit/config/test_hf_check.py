@@ -280,6 +280,28 @@ def test_model_override_of_an_unknown_architecture(tmp_path: Path) -> None:
     assert field == "model" and "GPT2LMHeadModel" in message and "LlamaForCausalLM" in message
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "llama3_8b_sft", "model={folder}"],
+        ["check", "llama3_8b_sft", "checkpoint.pretrained_dir={folder}"],
+        ["import", "{folder}", "{out}"],
+    ],
+    ids=["model", "pretrained_dir", "import"],
+)
+def test_cli_refuses_an_unknown_architecture_naming_it_and_the_families(
+    tmp_path: Path, args: list[str]
+) -> None:
+    folder = hf_folder(tmp_path / "foo", {"architectures": ["FooForCausalLM"], "hidden_size": 8})
+    out = recipes(*(a.format(folder=folder, out=tmp_path / "out") for a in args))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text
+    assert "['FooForCausalLM']" in text and "no family map here reads" in text
+    assert "Qwen2ForCausalLM (Qwen2 / Qwen2.5)" in text and "Phi3ForCausalLM" in text
+    assert text.count("LlamaForCausalLM") == 1  # the families listed once, not twice
+    assert "Traceback" not in text and not (tmp_path / "out").exists()
+
+
 # --- the command line ---------------------------------------------------------------------------
 def test_cli_check_refuses_a_mismatching_folder(tmp_path: Path) -> None:
     folder = llama_folder(tmp_path / "m", ffn_hidden_size=12288)
@@ -403,3 +425,34 @@ def test_qwen3_8b_recipes_check_and_shrink(name: str) -> None:
     out = recipes("check", name, "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["valid"] is True
+
+
+# --- Qwen2.5 7B, Phi-3 ---------------------------------------------------------------------------
+def test_qwen25_7b_sft_takes_the_published_folder(tmp_path: Path) -> None:
+    from tests.unit.models.test_presets_published import PUBLISHED
+
+    folder = hf_folder(tmp_path / "Qwen2.5-7B", PUBLISHED["qwen2.5-7b"][1])
+    for name in ("qwen25_7b_sft", "qwen25_7b_lora"):
+        cfg = apply_overrides(get(name).config(), [f"checkpoint.pretrained_dir={folder}"])
+        assert problems(cfg) == {}, name
+    # The Llama recipe cannot take it: its q/k/v biases are named among the differences.
+    assert {"model.add_qkv_bias", "model.num_layers"} <= set(
+        problems(sft(f"checkpoint.pretrained_dir={folder}"))
+    )
+
+
+def test_phi3_window_bounds_the_training_length(tmp_path: Path) -> None:
+    """Phi-3-mini-4k's published sliding_window 2047: a recipe's 4096 (and 2048) is refused
+    naming the window and the fix; 1920 (what the message proposes, which TP 2 with sequence
+    parallel divides) is taken, and so is 2047 without sequence parallel."""
+    from tests.unit.models.test_presets_published import PUBLISHED
+
+    folder = hf_folder(tmp_path / "Phi-3-mini-4k-instruct", PUBLISHED["phi-3-mini-4k"][1])
+    base = [f"model={folder}", f"checkpoint.pretrained_dir={folder}"]
+    for length in (4096, 2048):
+        found = problems(sft(*base, f"model.seq_length={length}"))
+        assert set(found) == {"model.seq_length"}, found
+        assert "sliding_window" in found["model.seq_length"]
+        assert "set model.seq_length to 2047 or less (e.g. 1920)" in found["model.seq_length"]
+    assert problems(sft(*base, "model.seq_length=1920")) == {}
+    assert problems(sft(*base, "model.seq_length=2047", "parallel.sequence_parallel=false")) == {}

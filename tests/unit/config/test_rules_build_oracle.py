@@ -92,7 +92,7 @@ def test_local_layers_run_sequence_parallel(overrides: tuple[str, ...]) -> None:
     assert [n for n, p in norms if not getattr(p, "sequence_parallel", False)] == []
 
 
-@pytest.mark.parametrize("recipe", ["llama3_8b_sft", "qwen3_8b_sft"])
+@pytest.mark.parametrize("recipe", ["llama3_8b_sft", "qwen3_8b_sft", "qwen25_7b_sft"])
 def test_lora_on_a_catalog_recipe_with_sequence_parallel(recipe: str) -> None:
     """`recipes check RECIPE peft.scheme=lora` accepts TP with SP, and Megatron-Core builds that
     model at full size (on the meta device)."""

@@ -106,6 +106,114 @@ def test_mixtral_logits_match_transformers(tmp_path: Path) -> None:
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
 
 
+def tiny_qwen2(folder: Path, tied: bool = True) -> torch.nn.Module:
+    """Qwen2.5's layout: q/k/v biases (randomised by the init like the weights), GQA; `tied` as
+    the 0.5B-3B models publish. The window settings are the published ones (off)."""
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=tied,
+        use_sliding_window=False,
+        sliding_window=32768,
+        max_window_layers=2,
+        initializer_range=INIT,
+    )
+    model = save(transformers.Qwen2ForCausalLM, config, folder)
+    with torch.no_grad():  # transformers inits biases to zero: make them count, and save again
+        for name, param in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                param.copy_(0.5 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    return model
+
+
+def tiny_mistral(folder: Path, window: int | None = None) -> torch.nn.Module:
+    """A head dimension wider than hidden / heads (Mistral-Nemo's kind); `window`: v0.1's
+    sliding window (at the 32 test tokens, one as long as the sequence cuts nothing off)."""
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=window,
+        rope_theta=1_000_000.0,
+        initializer_range=INIT,
+    )
+    return save(transformers.MistralForCausalLM, config, folder)
+
+
+def tiny_phi3(folder: Path, window: int | None = 32) -> torch.nn.Module:
+    """Fused qkv_proj and gate_up_proj with GQA (Phi-3-medium's 4 query heads per group, here 2),
+    so that the per-group interleaving of the split is exercised; the published 4K models' window
+    (2047 there, as long as the test's sequence here)."""
+    config = transformers.Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=64,
+        sliding_window=window,
+        initializer_range=INIT,
+        bos_token_id=None,  # Phi-3's ids (32000...) lie outside the tiny vocabulary
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    return save(transformers.Phi3ForCausalLM, config, folder)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_qwen2_logits_match_transformers(tmp_path: Path, tied: bool) -> None:
+    reference = tiny_qwen2(tmp_path / "hf", tied)
+    model = hf_config(tmp_path / "hf", tmp_path / "run").model
+    assert model.add_qkv_bias and not model.add_bias_linear
+    assert model.share_embeddings_and_output_weights == tied
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
+
+
+@pytest.mark.parametrize("window", [None, 32], ids=["full", "window_of_the_sequence"])
+def test_mistral_logits_match_transformers(tmp_path: Path, window: int | None) -> None:
+    reference = tiny_mistral(tmp_path / "hf", window)
+    model = hf_config(tmp_path / "hf", tmp_path / "run").model
+    assert model.kv_channels == 16 and not model.add_qkv_bias
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
+
+
+def test_phi3_logits_match_transformers(tmp_path: Path) -> None:
+    reference = tiny_phi3(tmp_path / "hf")
+    model = hf_config(tmp_path / "hf", tmp_path / "run").model
+    assert (model.num_attention_heads, model.num_query_groups) == (4, 2)
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
+
+
+def test_a_window_shorter_than_the_sequence_is_what_the_checker_refuses(tmp_path: Path) -> None:
+    """The oracle for `attention_span`: at 32 tokens a window of 16 changes transformers' logits
+    (so whole-sequence attention would not be the folder's model), and a training length above
+    the window is refused naming sliding_window; at the window's length it is accepted."""
+    from config.rules.pretrained import pretrained_problems
+
+    windowed = tiny_phi3(tmp_path / "w16", window=16)
+    full = tiny_phi3(tmp_path / "full", window=None)
+    with torch.no_grad():
+        assert (windowed(TOKENS).logits - full(TOKENS).logits).abs().max() > 1e-3
+    model = hf_config(tmp_path / "w16", tmp_path / "run", seq_length=32).model
+    [problem] = pretrained_problems(model, tmp_path / "w16", "w16")
+    assert problem.field == "model.seq_length" and "sliding_window" in problem.message
+    assert "set model.seq_length to 16 or less (e.g. 16)" in problem.message
+    model.seq_length = 16
+    assert pretrained_problems(model, tmp_path / "w16", "w16") == []
+
+
 def tiny_qwen3_moe(folder: Path, normalised: bool, dense: list[int]) -> torch.nn.Module:
     """Four experts, top 2; `dense`: mlp_only_layers (the first layers without experts)."""
     config = transformers.Qwen3MoeConfig(
@@ -307,10 +415,16 @@ def tiny(family: str, folder: Path) -> torch.nn.Module:
     """One tiny model per family, for the round trips below."""
     if family == "deepseek_v3":
         return tiny_deepseek_v3(folder, yarn=True)
+    if family == "qwen2":
+        return tiny_qwen2(folder, tied=True)
+    if family == "mistral":
+        return tiny_mistral(folder)
+    if family == "phi3":
+        return tiny_phi3(folder)
     return tiny_qwen3_moe(folder, normalised=False, dense=[0])  # transformers' default norm
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen2", "mistral", "phi3"])
 def test_import_then_export_gives_every_tensor_back_bit_for_bit(
     tmp_path: Path, family: str
 ) -> None:
@@ -331,3 +445,44 @@ def test_import_then_export_gives_every_tensor_back_bit_for_bit(
     assert sorted(back) == sorted(original)
     for name, value in original.items():
         assert torch.equal(back[name], value), name
+
+
+DENSE = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+LONGROPE = {
+    "short_factor": [1.0] * 4,
+    "long_factor": [2.0] * 4,
+    "original_max_position_embeddings": 4096,
+}
+
+
+@pytest.mark.parametrize(
+    "family, change, named",
+    [
+        ("qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+        ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "yarn"),
+        ("mistral", {"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ("phi3", {"rope_scaling": {"type": "longrope", **LONGROPE}}, "longrope"),
+        ("phi3", {"rope_scaling": {"type": "su", **LONGROPE}}, "'su'"),
+        ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+        # Llama's attention_bias alone (q, k, v and o): the message says what can be modelled
+        # and where a Qwen2 folder belongs.
+        ("llama", {"attention_bias": True}, "Qwen2ForCausalLM"),
+    ],
+)
+def test_configurations_megatron_computes_differently_are_refused_by_name(
+    family: str, change: dict, named: str
+) -> None:
+    from config.registry import HF_FAMILIES
+    from models.hf import module_of
+
+    name = next(n for n, f in HF_FAMILIES.items() if f.module == f"models.hf.{family}")
+    module_of(name).to_model(DENSE | {"architectures": [name]}, set())  # the base is accepted
+    with pytest.raises(ValueError, match=named):
+        module_of(name).to_model(DENSE | {"architectures": [name]} | change, set())

@@ -121,6 +121,55 @@ def test_lora_trains_adapters_only_and_exports_what_peft_computes(
     assert not (tmp_path / "adapter2").exists()
 
 
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(
+    "family, modules",
+    [
+        ("qwen2", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+        ("mistral", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+        # Phi-3's fused layers: one adapter each, B's rows in qkv_proj's [q; k; v] order
+        ("phi3", {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}),
+    ],
+)
+def test_lora_of_each_family_exports_what_peft_computes(
+    tmp_path: Path, family: str, modules: set[str]
+) -> None:
+    """Every linear layer adapted on a tiny model of the family, a few steps (the loss falls); the
+    adapter, exported under peft's module names, loaded by peft on the folder gives the engine's
+    logits, and so does the merged export in transformers."""
+    from tests.unit.models.test_hf_families import TOKENS, tiny
+
+    tiny(family, tmp_path / "hf")
+    targets = "linear_qkv,linear_proj,linear_fc1,linear_fc2"
+    cfg = lora_config(tmp_path / "hf", tmp_path / "run", targets)
+    trainer = engine_from_hf(cfg, tmp_path / "run")
+    try:
+        checkpointer = checkpointer_for(trainer, tmp_path / "run")
+        trainer.train(hooks=[checkpointer])
+        checkpointer.close()
+        ours = gpt_logits(trainer, TOKENS)
+    finally:
+        trainer.close()
+    metrics = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in metrics]
+    assert losses[-1] < losses[0]
+    ckpt = str(tmp_path / "run" / "checkpoints")
+    assert main(["export", ckpt, str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert main(["export", ckpt, str(tmp_path / "merged")]) == 0
+    config = json.loads((tmp_path / "adapter/adapter_config.json").read_text())
+    assert set(config["target_modules"]) == modules
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        before = base(TOKENS).logits
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        theirs, merged_logits = adapted(TOKENS).logits, merged(TOKENS).logits
+    assert (theirs - before).abs().max() > 1e-3  # the adapters moved the model
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_export_of_a_full_checkpoint_refuses_adapter(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out"), "--adapter"]) == 2
 
