@@ -226,40 +226,56 @@ def check_ft_launcher(venv: str) -> None:
         )
 
 
-def sbatch_options(job: SlurmJob) -> list[tuple[str, str | None]]:
-    """The #SBATCH lines as (option, value); None for a flag without a value."""
-    p = job.profile
-    opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
-    for option, value in (
+Options = list[tuple[str, str | None]]  # #SBATCH lines as (option, value); None: a bare flag
+
+
+def _queue_options(p: Profile) -> Options:
+    pairs = (
         ("--account", p.account),
         ("--partition", p.partition),
         ("--qos", p.qos),
         ("--reservation", p.reservation),
         ("--constraint", p.constraint),
-    ):
-        if value:
-            opts.append((option, value))
+    )
+    return [(option, value) for option, value in pairs if value]
+
+
+def _resource_options(p: Profile) -> Options:
+    opts: Options = [("--cpus-per-task", str(p.cpus_per_task))] if p.cpus_per_task else []
+    opts += [("--mem", p.mem)] if p.mem else []
+    return opts + ([("--exclusive", None)] if p.exclusive else [])
+
+
+def _flag_options(p: Profile) -> Options:
+    return [
+        (flag.partition("=")[0], flag.partition("=")[2] if "=" in flag else None)
+        for flag in p.sbatch_flags
+    ]
+
+
+def site_options(p: Profile) -> Options:
+    """The #SBATCH lines a profile gives any job of its site (a data job's too): queue,
+    resources, wall time and its own flags."""
+    return _queue_options(p) + _resource_options(p) + [("--time", p.time)] + _flag_options(p)
+
+
+def sbatch_options(job: SlurmJob) -> Options:
+    """The #SBATCH lines of a training job."""
+    p = job.profile
+    opts: Options = [("--job-name", job.name), *_queue_options(p)]
     opts += [("--nodes", str(job.nodes)), ("--ntasks-per-node", "1")]  # one torchrun per node
     if job.device != "cpu" and p.gpu_request == "gpus-per-node":
         opts.append(("--gpus-per-node", str(job.procs_per_node)))
     elif job.device != "cpu" and p.gpu_request == "gres":
         opts.append(("--gres", f"gpu:{job.procs_per_node}"))
-    if p.cpus_per_task:
-        opts.append(("--cpus-per-task", str(p.cpus_per_task)))
-    if p.mem:
-        opts.append(("--mem", p.mem))
-    if p.exclusive:
-        opts.append(("--exclusive", None))
+    opts += _resource_options(p)
     if job.max_requeues:  # the script requeues itself on failure (scontrol requeue needs this)
         opts.append(("--requeue", None))
     opts += [("--time", p.time), ("--output", job.log_path), ("--open-mode", "append")]
     if job.signal_s:
         # No "B:": Slurm signals the job step's processes (the ranks), not the batch shell.
         opts.append(("--signal", f"USR1@{job.signal_s}"))
-    for flag in p.sbatch_flags:
-        option, _, value = flag.partition("=")
-        opts.append((option, value if "=" in flag else None))
-    return opts
+    return opts + _flag_options(p)
 
 
 # What runs on each node before its ranks, in srun's one task per node:
@@ -371,14 +387,17 @@ def container_wrap(p: Profile, device: str, edf_path: str, env_names: list[str])
 
 
 def edf_text(job: SlurmJob) -> str:
-    """The Container Engine's environment definition (TOML) for a slurm-edf job: the image, the
-    mounts, the working directory, a writable container (caches that libraries write beside
-    themselves) and the profile's annotations."""
+    """The Container Engine's environment definition (TOML) for a slurm-edf job."""
+    return edf_text_of(job.profile)
+
+
+def edf_text_of(p: Profile) -> str:
+    """The environment definition of a profile: the image, the mounts, the working directory, a
+    writable container (caches that libraries write beside themselves) and its annotations."""
 
     def s(value: str) -> str:  # a TOML basic string (JSON's escapes are TOML's; no control chars)
         return json.dumps(value, ensure_ascii=False)
 
-    p = job.profile
     lines = [f"image = {s(p.container_image or '')}"]
     mounts = [str(m) for m in parse_mounts(p.mounts)]
     lines.append(f"mounts = [{', '.join(s(m) for m in mounts)}]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,45 @@ def cmd_data_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_array(args: argparse.Namespace) -> int:
+    """`recipes data tokenize ... --profile P --tasks N`: the command as a Slurm array job."""
+    from launchers.data_job import ArrayJob, render, write
+    from launchers.sbatch import submit
+
+    profile = load_profile(args.profile)
+    tasks = args.tasks or 1
+    if profile.executor == "local" or tasks < 1 or args.task is not None:
+        raise ConfigError(
+            [("--profile", f"{args.profile}: a Slurm profile and --tasks N (>= 1), no --task")]
+        )
+    options: list[tuple[str, ...]] = [
+        ("--tokenizer", args.tokenizer),
+        ("--on-error", args.on_error),
+    ]
+    options += [("--template", args.template)] if args.template else [("--text-key", args.text_key)]
+    options += [("--no-eod",)] if args.no_eod else []
+    out = os.path.abspath(args.out)
+    name = f"tokenize-{os.path.basename(out.rstrip('/')) or 'data'}"
+    job_dir = f"{profile.job_dir.rstrip('/')}/{name}" if profile.job_dir else f"{out}/slurm"
+    job = ArrayJob(name, profile, tasks, job_dir, args.src, args.out, options)
+    if args.dryrun:
+        print(render(job), end="")
+        return 0
+    unfilled = placeholders(profile)
+    if unfilled:
+        raise ConfigError(
+            [(key, "still holds a placeholder (<...>): fill it in a copy") for key in unfilled]
+        )
+    script = write(job)
+    (array,) = submit(script)
+    print(f"submitted array job {array}: {tasks} task(s), logs {job_dir}/{name}-{array}_<task>.out")
+    print(
+        f"the task that finishes last writes {out}/blend.json; the same command without "
+        "--profile finishes whatever a failed task left"
+    )
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the plans, 2 when the recipe is invalid whatever the layout, 3 when no layout
     fits."""
@@ -418,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     commands["data"] = cmd_data
     if args.command == "data" and args.data_command == "cache":
         commands["data"] = cmd_data_cache  # it resolves a recipe: this floor's work, not data's
+    if args.command == "data" and args.data_command == "tokenize" and args.profile:
+        commands["data"] = cmd_data_array  # a Slurm job: the launchers' floor
     commands["import"] = commands["export"] = cmd_convert
     try:
         return commands[args.command](args)

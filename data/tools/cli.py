@@ -3,6 +3,7 @@ Energon datasets for data.kind=energon; synthetic sets for demos.
 
     recipes data tokenize SRC... OUT --tokenizer DIR [--text-key K | --template T] [--workers N]
                           [--on-error stop|skip] [--no-eod] [--task I --tasks N]
+                          [--profile P --tasks N [--dryrun]]   (a Slurm array: recipes/cli.py)
     recipes data blend CORPUS... --output FILE [--weights W1,W2,...]
     recipes data cache RECIPE [OVERRIDES...]      (recipes/cli.py: it resolves a recipe)
     recipes data prepare SRC OUT [--on-error skip|stop] [--shard-size N] [--split 1,0,0]
@@ -63,6 +64,12 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
     # A Slurm array: task I of N takes every N-th shard; the last to finish writes the blend.
     p.add_argument("--task", type=int, default=None, help="this array task (SLURM_ARRAY_TASK_ID)")
     p.add_argument("--tasks", type=int, default=None, help="array tasks in all")
+    p.add_argument(
+        "--profile",
+        help="submit as a Slurm array of --tasks tasks with this site profile (NAME or FILE); "
+        "paths as the job sees them",
+    )
+    p.add_argument("--dryrun", action="store_true", help="with --profile: print the script only")
 
     p = commands.add_parser(
         "cache",

@@ -10,8 +10,10 @@ environment, mounted).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,34 @@ def test_the_container_jobs_ran_in_pyxis_containers(chain: dict, slurm: dict[str
     if chain["kind"] == "slurm":
         script = next((chain["run_dir"] / "slurm").glob("*.sbatch")).read_text()
         assert "--container-image=" in script and "source " not in script, script
+
+
+def test_tokenize_runs_as_an_array_job(
+    slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`recipes data tokenize ... --profile P --tasks 2`: each array task takes its shards in the
+    profile's venv; the task that finds them all done writes the blend."""
+    from data.tools.make_tokenizer import train_bpe_tokenizer
+
+    tmp = tmp_path_factory.mktemp("tokenize")
+    texts = [f"the model trains on token {i} of layer {i % 7}" for i in range(300)]
+    for i in range(3):
+        lines = "".join(f'{{"text": "{t}"}}\n' for t in texts[i * 100 : (i + 1) * 100])
+        (tmp / f"part-{i}.jsonl").write_text(lines)
+    tok = train_bpe_tokenizer(texts=texts, vocab_size=300, out=tmp / "tok.json")
+    out = tmp / "out"
+    argv = [sys.executable, "-m", "recipes", "data", "tokenize", str(tmp / "part-*.jsonl")]
+    argv += [str(out), "--tokenizer", str(tok), "--profile", str(profile(tmp)), "--tasks", "2"]
+    done = children.run(argv, capture_output=True, text=True, env=slurm, timeout=120, cwd=tmp)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (array,) = re.findall(r"submitted array job (\d+)", done.stdout)
+    with cancelled(slurm, [array]):
+        deadline = time.monotonic() + 300
+        while run("squeue", "-h", "-j", array, env=slurm).stdout.strip():
+            assert time.monotonic() < deadline, f"array job {array} did not end in 300 s"
+            time.sleep(1)
+    logs = {p.name: p.read_text() for p in (out / "slurm").glob("*.out")}
+    assert sorted(logs) == [f"tokenize-out-{array}_0.out", f"tokenize-out-{array}_1.out"], logs
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["documents"] == 300 and len(manifest["shards"]) == 3, logs
+    assert json.loads((out / "blend.json").read_text())["sources"], logs
