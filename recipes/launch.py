@@ -13,6 +13,7 @@ NeMo-Run paths (recipes/nemo.py: the Checks plugin, `nemo recipes pretrain`) cal
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from datetime import UTC, datetime
@@ -178,8 +179,26 @@ def _profile(executor: str | None, path: str | None) -> Profile:
             ]
         )
     if executor == "slurm-bare":  # default: this interpreter's venv, on a shared filesystem
+        if not _importable("torch"):  # a login-node install (requirements-login.txt)
+            raise ConfigError(
+                [
+                    (
+                        "--executor",
+                        f"slurm-bare without a profile runs the ranks in this venv ({sys.prefix}), "
+                        "which has no torch (a login-node install): give --profile FILE with "
+                        "venv = <a full install on a filesystem every node sees>",
+                    )
+                ]
+            )
         return replace(Profile(executor="slurm-bare"), venv=sys.prefix)
     return Profile(executor="local")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def describe_env(plan: EnvPlan) -> str:

@@ -218,3 +218,14 @@ def test_the_full_install_holds_the_login_install() -> None:
     for req in login_requirements():
         assert canonical(req.name) in full, f"{req.name}: missing in pyproject.toml's dependencies"
         assert req.specifier == full[canonical(req.name)].specifier, req
+
+
+def test_a_bare_slurm_run_without_a_profile_is_refused_from_a_login_install(
+    tmp_path: Path,
+) -> None:
+    """--executor slurm-bare with no profile runs the ranks in the submitting venv: from a
+    login-node install they would have no torch, so nothing is submitted."""
+    argv = ["run", "tiny_gpt_pretrain", "--executor", "slurm-bare", "--nodes", "1"]
+    argv += ["--gpus-per-node", "2", "--device", "cpu", "--dryrun"]
+    codes, _, _, printed = run_login([argv], tmp_path)
+    assert codes == [2], (codes, printed)
