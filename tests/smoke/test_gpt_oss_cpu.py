@@ -5,6 +5,8 @@ sinks, biased experts and router, YaRN) is the base, in FP32 so that layouts agr
 
 - LoRA on the attention (the experts are not adapted) trains the same adapters at DP 2 and at EP 2;
   each exported adapter loads on the folder in peft and gives the logits of its merged export.
+- The folder's logits at EP 2 and at TP 2 (with SP; the experts whole, ETP 1: their biases) are
+  transformers' (tests/smoke/hf_logits.py under torchrun).
 - A full fine-tune at EP 2 on Megatron-Core's mock data (counting sequences: 1, 2, 3, ... then
   EOD) exports a folder that transformers loads, and transformers' own loss on counting
   sequences falls from the folder's to the export's.
@@ -13,6 +15,7 @@ sinks, biased experts and router, YaRN) is the base, in FP32 so that layouts agr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from config.tree import write_yaml
 from recipes.cli import main
 from tests.smoke.conftest import _env
 from tests.smoke.run_many import launch_many
+from tests.support import children
 from tests.support.hf_oracle import hf_config
 
 transformers = pytest.importorskip("transformers")
@@ -53,6 +57,35 @@ def lm_loss(folder: Path, tokens: torch.Tensor) -> float:
     model = transformers.GptOssForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         return float(model(tokens, labels=tokens).loss)
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"expert_model_parallel_size": 2},
+        {
+            "tensor_model_parallel_size": 2,
+            "sequence_parallel": True,
+            "expert_tensor_parallel_size": 1,
+        },
+    ],
+    ids=["ep2", "tp2_sp"],
+)
+def test_two_rank_logits_match_transformers(tmp_path: Path, parallel: dict) -> None:
+    from tests.unit.models.test_hf_gpt_oss import TOKENS, save, tiny_config
+
+    reference = save(tiny_config(), tmp_path / "hf")
+    cfg = hf_config(tmp_path / "hf", tmp_path / "run", **parallel)
+    config = write_yaml(cfg, tmp_path / "cfg.yaml")
+    torch.save(TOKENS, tmp_path / "tokens.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "tests.smoke.hf_logits", "--config", str(config)]
+    cmd += ["--tokens", str(tmp_path / "tokens.pt"), "--out", str(tmp_path / "logits.pt")]
+    done = children.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with torch.no_grad():
+        theirs = reference(TOKENS).logits
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_lora_on_dp2_and_ep2_exports_what_peft_computes(tmp_path: Path) -> None:
