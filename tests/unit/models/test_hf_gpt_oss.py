@@ -349,3 +349,22 @@ def test_presets_have_the_published_numbers(
     count = count_parameters(TrainingConfig(name=name, model=m, train=train))
     assert count.total / 1e9 == pytest.approx(billions, rel=0.005)
     assert (count.active_per_token - count.embedding) / 1e9 == pytest.approx(active, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss_20b", "gpt_oss_120b"])
+def test_config_json_written_without_an_origin_reads_back(name: str) -> None:
+    """An export of a run that did not start from a folder writes `to_hf`'s config.json: transformers
+    takes it (its config class is strict) with the published layer pattern, and the map reads it
+    back into the same architecture."""
+    from config.hf import ARCH_FIELDS
+    from models.hf import gpt_oss
+    from models.presets import gpt_oss as presets
+
+    model = getattr(presets, name)()
+    written = json.loads(json.dumps(gpt_oss.to_hf(model)))
+    config = transformers.GptOssConfig(**written)
+    published = GPT_OSS_20B_CONFIG if name == "gpt_oss_20b" else GPT_OSS_120B_CONFIG
+    assert config.layer_types == published["layer_types"]
+    assert config.sliding_window == 128 and config.rope_parameters["truncate"] is False
+    back = gpt_oss.to_model(config.to_dict(), set())
+    assert {f: getattr(back, f) for f in ARCH_FIELDS} == {f: getattr(model, f) for f in ARCH_FIELDS}
