@@ -60,6 +60,12 @@ ARCH_FIELDS = (
     "rope_beta_slow",
     "rope_mscale",
     "rope_mscale_all_dim",
+    "activation_func_clamp_value",
+    "glu_linear_offset",
+    "rope_correction_range_round_to_int",
+    "window_size",
+    "window_attn_skip_freq",
+    "softmax_type",
     "add_bias_linear",
     "add_qkv_bias",
     "qk_layernorm",
@@ -227,8 +233,8 @@ def model_from_hf(
     hf = read_config(folder)
     entry = family(hf, folder)
     quantized = hf.get("quantization_config")
-    if quantized:
-        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+    method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+    if quantized and method not in entry.dequantizes:
         raise ValueError(
             f"{Path(folder) / CONFIG_FILE} holds quantized weights (quantization_config, "
             f"quant_method {method!r}); dequantize them to BF16 first (DeepSeek-V3's FP8 release "
@@ -293,6 +299,8 @@ def _effective(model: ModelConfig, name: str) -> Any:
     ):
         return None
     if model.rope_scaling is None and name.startswith("rope_") and name != "rope_scaling":
+        return None
+    if model.window_size is None and name == "window_attn_skip_freq":
         return None
     return value
 

@@ -180,6 +180,9 @@ class HfFamily:
     name: str
     module: str
     summary: str
+    # quantization_config.quant_method values whose weights the map reads dequantized (GPT-OSS's
+    # MXFP4 experts); a folder quantized any other way is refused (config/hf.py model_from_hf).
+    dequantizes: tuple[str, ...] = ()
 
 
 # "module:function" of the check every Hugging Face folder's tensors pass, whatever its family:
@@ -197,5 +200,6 @@ HF_FAMILIES: dict[str, HfFamily] = _by_name(
     HfFamily("Qwen3MoeForCausalLM", "models.hf.qwen3_moe", "Qwen3 mixture of experts"),
     HfFamily("MixtralForCausalLM", "models.hf.mixtral", "Mixtral"),
     HfFamily("DeepseekV3ForCausalLM", "models.hf.deepseek_v3", "DeepSeek-V3"),
+    HfFamily("GptOssForCausalLM", "models.hf.gpt_oss", "GPT-OSS", dequantizes=("mxfp4",)),
     HfFamily("LlavaForConditionalGeneration", "models.hf.llava", "LLaVA (llava-hf, CLIP ViT)"),
 )

@@ -150,13 +150,21 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = field(default=128, metadata=within(1, 2**16))
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     layernorm_epsilon: float = field(default=1e-5, metadata=EPSILON)
-    activation: Literal["swiglu", "gelu"] = "swiglu"  # swiglu: gated SiLU (Llama)
+    # swiglu: gated SiLU (Llama); quick_geglu: gated x * sigmoid(1.702 x) (GPT-OSS's experts)
+    activation: Literal["swiglu", "gelu", "quick_geglu"] = "swiglu"
+    # GPT-OSS's clamped GLU (Megatron-Core's names): before act(gate) * (linear + offset), the gate
+    # is clamped from above and the linear half to [-value, value]. None: no clamp.
+    activation_func_clamp_value: Optional[float] = field(
+        default=None, metadata=within(0, low_open=True)
+    )
+    glu_linear_offset: float = field(default=0.0, metadata=NON_NEGATIVE)
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
     # Published bases go up to 1e8 or so; torch takes the base as an int64.
     rotary_base: int = field(default=10000, metadata=within(1, 10**12))
     # RoPE frequency scaling as the model's config.json sets it: "llama3" (Llama 3.1 / 3.2: low
     # frequencies divided by the factor, low/high frequency factors 1 and 4 over 8,192 original
-    # positions) or "yarn" (DeepSeek-V3, multi-latent attention only).
+    # positions) or "yarn" (DeepSeek-V3 in multi-latent attention, GPT-OSS in GPTModel's own
+    # YaRN rotary embedding).
     rope_scaling: Optional[Literal["llama3", "yarn"]] = None
     rope_scaling_factor: float = field(default=8.0, metadata=within(1))
     # YaRN's parameters (DeepSeek-V3's config.json values as defaults)
@@ -165,6 +173,9 @@ class ModelConfig:
     rope_beta_slow: float = field(default=1.0, metadata=within(0, low_open=True))
     rope_mscale: float = field(default=1.0, metadata=NON_NEGATIVE)
     rope_mscale_all_dim: float = field(default=0.0, metadata=NON_NEGATIVE)
+    # YaRN's correction range rounded to whole dimensions (transformers' `truncate`, true unless
+    # set; GPT-OSS publishes false). Multi-latent attention always rounds.
+    rope_correction_range_round_to_int: bool = True
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
@@ -172,6 +183,16 @@ class ModelConfig:
     init_method_std: float = field(default=0.02, metadata=within(0, 1, low_open=True))
     hidden_dropout: float = field(default=0.0, metadata=DROPOUT)
     attention_dropout: float = field(default=0.0, metadata=DROPOUT)
+    # Sliding-window attention (GPT-OSS), as Megatron-Core's window (window_size, 0): each token
+    # sees itself and the window_size tokens before it, so a config.json sliding_window of 128 is
+    # 127 here. None: full attention.
+    window_size: Optional[int] = field(default=None, metadata=within(0, MAX_SEQ))
+    # With a window: every window_attn_skip_freq-th layer (counted from 1) attends in full
+    # (GPT-OSS: 2, windowed and full layers alternate); None: every layer is windowed.
+    window_attn_skip_freq: Optional[int] = field(default=None, metadata=LAYERS)
+    # "learnable": a learned logit per head joins each softmax's denominator (GPT-OSS's attention
+    # sinks: a head may attend to nothing).
+    softmax_type: Literal["vanilla", "learnable"] = "vanilla"
 
     # Mixture of experts (num_moe_experts None means dense).
     num_moe_experts: Optional[int] = field(
@@ -363,6 +384,11 @@ RECOMPUTE_MODULES = (
 def comma_names(text: str) -> list[str]:
     """A comma-separated field (peft.target_modules, model.recompute_modules) as a list of names."""
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def is_gated(model: ModelConfig) -> bool:
+    """Whether fc1 is a gated linear unit (twice the FFN width: gate and linear halves)."""
+    return model.activation in ("swiglu", "quick_geglu")
 
 
 def selective_modules(model: ModelConfig) -> list[str]:

@@ -15,17 +15,19 @@ where the preset asks for it. Weights stay in BF16 (fp8_param off).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 from config.finalize import Derived
 from config.precision import PrecisionPreset
-from config.schema import TrainingConfig, masks_packed_rows, selective_modules
+from config.schema import TrainingConfig, is_gated, masks_packed_rows, selective_modules
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
@@ -35,6 +37,34 @@ _FP8_RECIPES = {
     "blockwise": "blockwise",
     "mxfp8": "mxfp8",
 }
+
+
+# ModelConfig.activation -> Megatron-Core's activation_func (gated or not: `is_gated`).
+_ACTIVATIONS: dict[str, Callable[..., Any]] = {
+    "swiglu": F.silu,
+    "gelu": F.gelu,
+    "quick_geglu": quick_gelu,  # x * sigmoid(1.702 x), Megatron-Core's own
+}
+
+
+@dataclass
+class YarnTransformerConfig(TransformerConfig):
+    """TransformerConfig with the YaRN fields GPTModel reads (`getattr(config, "yarn_...")`) for
+    position_embedding_type="yarn": TransformerConfig does not declare them, and its attention
+    takes YaRN's cos/sin scale from them too. Megatron-Bridge's GPT provider declares the same."""
+
+    yarn_rotary_scaling_factor: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    yarn_correction_range_round_to_int: bool = True
+
+
+def gpt_yarn(cfg: TrainingConfig) -> bool:
+    """YaRN in GPTModel's rotary embedding (GPT-OSS); multi-latent attention has its own."""
+    return cfg.model.rope_scaling == "yarn" and not cfg.model.multi_latent_attention
 
 
 def chunks_per_rank(cfg: TrainingConfig, derived: Derived) -> int:
@@ -86,8 +116,14 @@ def transformer_config(
         num_query_groups=m.num_query_groups or m.num_attention_heads,
         normalization=m.normalization,
         layernorm_epsilon=m.layernorm_epsilon,
-        gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        gated_linear_unit=is_gated(m),
+        activation_func=_ACTIVATIONS[m.activation],
+        activation_func_clamp_value=m.activation_func_clamp_value,
+        glu_linear_offset=m.glu_linear_offset,
+        # GPT-OSS's attention: sinks (a learned logit per head) and windows on some layers.
+        softmax_type=m.softmax_type,
+        window_size=None if m.window_size is None else (m.window_size, 0),
+        window_attn_skip_freq=m.window_attn_skip_freq,
         add_bias_linear=m.add_bias_linear,
         add_qkv_bias=m.add_qkv_bias,
         qk_layernorm=m.qk_layernorm,
@@ -160,6 +196,17 @@ def transformer_config(
             rotary_base=m.rotary_base,
             **_mla_rope(cfg),
         )
+    if gpt_yarn(cfg):
+        return YarnTransformerConfig(
+            **fields,
+            yarn_rotary_scaling_factor=m.rope_scaling_factor,
+            yarn_original_max_position_embeddings=m.rope_original_max_position_embeddings,
+            yarn_beta_fast=m.rope_beta_fast,
+            yarn_beta_slow=m.rope_beta_slow,
+            yarn_mscale=m.rope_mscale,
+            yarn_mscale_all_dim=m.rope_mscale_all_dim,
+            yarn_correction_range_round_to_int=m.rope_correction_range_round_to_int,
+        )
     return TransformerConfig(**fields)
 
 
@@ -209,7 +256,7 @@ def build_chunks(
             pre_process=pre,
             post_process=post,
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-            position_embedding_type=m.position_embedding_type,
+            position_embedding_type="yarn" if gpt_yarn(cfg) else m.position_embedding_type,
             rotary_base=m.rotary_base,
             # Llama 3.1 / 3.2's frequency scaling (MLA's RoPE and YaRN live in MLATransformerConfig).
             rope_scaling=m.rope_scaling == "llama3",

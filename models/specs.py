@@ -8,7 +8,8 @@ on GPUs, a fused kernel on the CPU.
 
 The local spec's RMSNorm (and its LayerNorm without apex) is Megatron-Core's torch norm, which
 refuses sequence parallelism; LoRA builds that spec on GPUs too. `SequenceParallelTorchNorm` takes
-its place: see there.
+its place: see there. Experts with biases (GPT-OSS) take `SoloExpertRowParallelLinear` as their fc2
+in the local spec, where Megatron-Core's own cannot train them without expert parallelism.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 from typing import Any, cast
 
@@ -27,9 +29,11 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_layer_specs,
     get_gpt_mtp_block_spec,
 )
+from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -96,6 +100,49 @@ def _sequence_parallel_norms(spec: Any, seen: set[int] | None = None) -> None:
             setattr(spec, field.name, SequenceParallelTorchNorm)
         else:
             _sequence_parallel_norms(value, seen)
+
+
+class SoloExpertRowParallelLinear(RowParallelLinear):
+    """Megatron-Core's RowParallelLinear as an expert's fc2, for experts with biases (GPT-OSS).
+
+    An expert's fc2 alone in its expert-TP group with EP 1 (EP x ETP = 1) "all-reduces" its
+    output over that group of one, which returns the output itself through an autograd Function;
+    SequentialMLP then adds the routed bias to it in place, which autograd forbids ("Output 0 of
+    _ReduceFromModelParallelRegion is a view and is being modified inplace"): Megatron-Core 0.19.2
+    cannot train biased experts in its local layers without expert parallelism. Over a group of
+    one there is nothing to reduce, so this takes the path Megatron-Core takes for experts with
+    EP or ETP > 1 (explicit_expert_comm: the output as the GEMM gave it); the same numbers.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.is_expert and self.tp_group.size() == 1:
+            self.explicit_expert_comm = True
+
+
+def _solo_expert_fc2(spec: Any, seen: set[int] | None = None) -> None:
+    """Put `SoloExpertRowParallelLinear` in place of the fc2 of every SequentialMLP of a spec
+    tree (ModuleSpecs, partials, submodule dataclasses, lists of layer specs), in place."""
+    seen = set() if seen is None else seen
+    if id(spec) in seen:
+        return
+    seen.add(id(spec))
+    if isinstance(spec, functools.partial):
+        submodules = spec.keywords.get("submodules")
+        if spec.func is SequentialMLP and submodules is not None:
+            if submodules.linear_fc2 is RowParallelLinear:
+                submodules.linear_fc2 = SoloExpertRowParallelLinear
+            return
+        for value in (*spec.args, *spec.keywords.values()):
+            _solo_expert_fc2(value, seen)
+        return
+    if isinstance(spec, list | tuple):
+        for item in spec:
+            _solo_expert_fc2(item, seen)
+        return
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        for field in dataclasses.fields(spec):
+            _solo_expert_fc2(getattr(spec, field.name), seen)
 
 
 class SdpaAttention(MegatronModule):
@@ -231,6 +278,8 @@ def decoder_block_spec(
     )
     _swap_core_attention(config, spec.layer_specs, backend, masked)
     _sequence_parallel_norms(spec)
+    if config.num_moe_experts and config.add_bias_linear:
+        _solo_expert_fc2(spec)
     return spec
 
 
@@ -256,4 +305,6 @@ def mtp_block_spec(
         config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage
     )
     _sequence_parallel_norms(spec)
+    if config.num_moe_experts and config.add_bias_linear:
+        _solo_expert_fc2(spec)
     return spec

@@ -6,7 +6,13 @@ from config.backend import local_layers, run_device
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import RECOMPUTE_MODULES, ModelConfig, TrainingConfig, selective_modules
+from config.schema import (
+    RECOMPUTE_MODULES,
+    ModelConfig,
+    TrainingConfig,
+    masks_packed_rows,
+    selective_modules,
+)
 from config.tree import not_one_of
 
 
@@ -27,7 +33,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
                 "set model.kv_channels to the head dimension",
             )
         )
-    out += _rotary(model) + _rope_scaling(model)
+    out += _rotary(model) + _rope_scaling(model) + _attention(cfg)
     groups = model.num_query_groups
     if groups is not None and (groups < 1 or model.num_attention_heads % groups):
         out.append(
@@ -169,6 +175,48 @@ def _recompute_modules(model: ModelConfig) -> list[Problem]:
     return out
 
 
+def _attention(cfg: TrainingConfig) -> list[Problem]:
+    """Sliding windows and sinks (GPT-OSS) as Megatron-Core builds them.
+
+    Megatron-Core windows layer i (from 1) unless i % window_attn_skip_freq == 0, and reads the
+    frequency only with a window (transformer/utils.py is_layer_window_attention): a frequency
+    alone, or of 1 (no layer windowed), would be ignored without a word. Packed SFT rows attend
+    through the SDPA core attention with their block-diagonal mask (models/specs.py), which has
+    neither windows nor sinks, and Megatron-Core's local attention puts its window mask in place
+    of the rows' mask: models/specs.py refuses to build that.
+    """
+    m = cfg.model
+    out = []
+    freq = m.window_attn_skip_freq
+    if freq is not None and m.window_size is None:
+        out.append(
+            Problem(
+                "model.window_attn_skip_freq",
+                f"is {freq} without model.window_size, and Megatron-Core reads it only with a "
+                "window; set model.window_size or unset it",
+            )
+        )
+    elif freq == 1:
+        out.append(
+            Problem(
+                "model.window_attn_skip_freq",
+                "is 1: every layer would attend in full and model.window_size go unused; use 2 "
+                "or more (2: windowed and full layers alternate), or unset model.window_size",
+            )
+        )
+    if masks_packed_rows(cfg) and (m.window_size is not None or m.softmax_type != "vanilla"):
+        what = "a sliding window" if m.window_size is not None else "attention sinks"
+        out.append(
+            Problem(
+                "data.sequence_packing",
+                f"is true, and this model has {what} (model.window_size={m.window_size}, "
+                f"model.softmax_type={m.softmax_type}): packed rows attend through the SDPA core "
+                "attention with their own mask, which has neither; set data.sequence_packing=false",
+            )
+        )
+    return out
+
+
 def _rotary(model: ModelConfig) -> list[Problem]:
     """RoPE rotates the channels of a head in pairs: an odd rotary dimension fails in the first
     forward step (found by tests/unit/config/test_checker_fuzz.py)."""
@@ -194,8 +242,9 @@ def _rotary(model: ModelConfig) -> list[Problem]:
 
 
 def _rope_scaling(model: ModelConfig) -> list[Problem]:
-    """Megatron-Core applies llama3 scaling in GPTModel's rotary embedding and YaRN in multi-latent
-    attention only; each elsewhere would be ignored without a word."""
+    """Megatron-Core applies llama3 scaling in GPTModel's rotary embedding, YaRN in multi-latent
+    attention or GPTModel's YaRN embedding (models/gpt.py); each elsewhere would be ignored
+    without a word, as would an unrounded YaRN correction range in multi-latent attention."""
     if model.rope_scaling is None:
         return []
     if model.position_embedding_type != "rope":
@@ -206,12 +255,16 @@ def _rope_scaling(model: ModelConfig) -> list[Problem]:
                 f"'{model.position_embedding_type}'; unset model.rope_scaling",
             )
         ]
-    if model.rope_scaling == "yarn" and not model.multi_latent_attention:
+    if (
+        model.rope_scaling == "yarn"
+        and model.multi_latent_attention
+        and not model.rope_correction_range_round_to_int
+    ):
         return [
             Problem(
-                "model.rope_scaling",
-                "'yarn' is applied by Megatron-Core's multi-latent attention only "
-                "(model.multi_latent_attention=false here); use 'llama3' or unset it",
+                "model.rope_correction_range_round_to_int",
+                "is false, but multi-latent attention's YaRN always rounds its correction range "
+                "to whole dimensions; set it to true",
             )
         ]
     if model.rope_scaling == "llama3" and model.multi_latent_attention:

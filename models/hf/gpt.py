@@ -213,7 +213,7 @@ def attention(model: ModelConfig, meg: str, hf: str) -> dict[str, Node]:
         ),
         f"{meg}.self_attention.linear_proj.weight": tensor(f"{a}.o_proj.weight"),
     }
-    if model.add_qkv_bias:
+    if model.add_qkv_bias or model.add_bias_linear:  # Megatron-Core: either gives QKV a bias
         out[f"{meg}.self_attention.linear_qkv.bias"] = qkv(
             f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias", heads, groups, head_dim
         )

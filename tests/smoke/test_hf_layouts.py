@@ -100,6 +100,13 @@ def deepseek_v3(folder: Path) -> Path:
     return folder
 
 
+def gpt_oss(folder: Path) -> Path:
+    from tests.unit.models.test_hf_gpt_oss import save, tiny_config
+
+    save(tiny_config(), folder)  # a windowed and a full layer, sinks, biased experts and router
+    return folder
+
+
 LAYOUTS = {
     "llama_tp2": (llama, {"tensor_model_parallel_size": 2}),
     "llama_pp2_vpp2": (
@@ -117,6 +124,16 @@ LAYOUTS = {
     "qwen3_moe_ep2": (qwen3_moe, {"expert_model_parallel_size": 2}),
     "deepseek_v3_ep2": (deepseek_v3, {"expert_model_parallel_size": 2}),
     "deepseek_v3_pp2": (deepseek_v3, {"pipeline_model_parallel_size": 2}),
+    "gpt_oss_ep2": (gpt_oss, {"expert_model_parallel_size": 2}),
+    # Each TP rank holds half the heads' sinks; the experts stay whole (ETP 1: their biases).
+    "gpt_oss_tp2": (
+        gpt_oss,
+        {
+            "tensor_model_parallel_size": 2,
+            "sequence_parallel": True,
+            "expert_tensor_parallel_size": 1,
+        },
+    ),
 }
 # Not here: LLaVA, whose training step needs images (a one-stage model: TP is its only split,
 # the same TP slicing as the language model's); its logits are compared on one rank.

@@ -387,6 +387,12 @@ def _write_config(
     if origin is not None:
         foreign_file(origin, CONFIG_FILE)  # its fields are written out: the same check as a copy
     config = read_config(origin) if origin is not None else module.to_hf(model)
+    quantized = config.get("quantization_config")
+    if origin is not None and isinstance(quantized, dict):
+        if quantized.get("quant_method") in family(config, origin).dequantizes:
+            # The import read these weights dequantized and they are written so (GPT-OSS's MXFP4
+            # experts in BF16): transformers would look for the quantized tensors otherwise.
+            del config["quantization_config"]
     if dtype is not None:
         config["torch_dtype"] = dtype
         config.pop("dtype", None)

@@ -26,7 +26,7 @@ from config.hf import CONFIG_FILE, is_hf_folder, model_from_hf, read_config
 from config.schema import ModelConfig
 from config.tree import to_dict
 from models.hf import family_module
-from models.hf.mapping import Node, hf_names, read, shape_of
+from models.hf.mapping import Node, dtype_of, hf_names, read, shape_of
 from models.hf.safetensors_io import HfWeights
 from training.checkpoint import dirs
 from training.checkpoint.state import FORMAT_VERSION
@@ -127,7 +127,7 @@ def _import_entries(
     entries = []
     for key, node in weights.items():
         shape = shape_of(node, source.shape)
-        dtype = source.dtype(hf_names(node)[0])
+        dtype = dtype_of(node, source.dtype)
         name, layer = per_layer_key(key)
         in_block = ".mtp." not in f".{key}"  # MTP layers keep a key each
         if layer is not None and in_block and _stacked_block(model, key):
@@ -138,7 +138,7 @@ def _import_entries(
     for name, layers in stacked.items():
         layers.sort(key=lambda entry: entry[0])
         shape = shape_of(layers[0][2], source.shape)
-        dtype = source.dtype(hf_names(layers[0][2])[0])
+        dtype = dtype_of(layers[0][2], source.dtype)
         chunks = [
             ((layer, *(0,) * len(shape)), _producer(node, source, shape, stack=True))
             for layer, _, node in layers

@@ -54,9 +54,9 @@ STRICTER = {
     "ignored without a word",
     "modules_ignored": "model.recompute_modules without recompute_granularity=selective: "
     "TransformerConfig accepts it and recomputes none of them",
-    "rope_scaling": "RoPE scaling Megatron-Core would not apply (YaRN outside multi-latent attention, "
-    "llama3 inside it or without RoPE): it accepts the config and ignores the field "
-    "(test_rope_scaling_that_megatron_would_ignore_is_refused)",
+    "rope_scaling": "RoPE scaling Megatron-Core would not apply (llama3 inside multi-latent "
+    "attention or without RoPE, an unrounded YaRN range inside it): it accepts the config and "
+    "ignores the field (test_rope_scaling_that_megatron_would_ignore_is_refused)",
 }
 
 
@@ -337,16 +337,51 @@ def test_derived_layouts_keep_mtp_in_one_chunk(
         assert bool(problems) == (not megatron_ok), [p.message for p in problems]
 
 
+MLA = [
+    "model.multi_latent_attention=true",
+    "model.q_lora_rank=1536",
+    "model.kv_lora_rank=512",
+    "model.qk_head_dim=128",
+    "model.qk_pos_emb_head_dim=64",
+    "model.v_head_dim=128",
+]
+
+
 @pytest.mark.parametrize(
-    "overrides, says",
+    "overrides, field, says",
     [
-        (["model.rope_scaling=yarn"], "multi-latent attention only"),
-        (["model.rope_scaling=llama3", "model.position_embedding_type=learned_absolute"], "unset"),
+        (
+            [*MLA, "model.rope_scaling=llama3"],
+            "model.rope_scaling",
+            "use model.rope_scaling=yarn",
+        ),
+        (
+            ["model.rope_scaling=llama3", "model.position_embedding_type=learned_absolute"],
+            "model.rope_scaling",
+            "unset",
+        ),
+        (
+            [*MLA, "model.rope_scaling=yarn", "model.rope_correction_range_round_to_int=false"],
+            "model.rope_correction_range_round_to_int",
+            "always rounds",
+        ),
     ],
 )
 def test_rope_scaling_that_megatron_would_ignore_is_refused(
-    overrides: list[str], says: str
+    overrides: list[str], field: str, says: str
 ) -> None:
     cfg = apply_overrides(llama_like(), overrides)
     problems = validate(cfg, H100x8)
-    assert [p.field for p in problems] == ["model.rope_scaling"] and says in problems[0].message
+    assert [p.field for p in problems] == [field] and says in problems[0].message
+    assert megatron_refuses(cfg, H100x8) is None  # Megatron-Core accepts it and ignores the field
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["gpt_model_yarn", "mla_yarn"])
+def test_yarn_is_applied_with_and_without_multi_latent_attention(mla: bool) -> None:
+    """YaRN builds in both places Megatron-Core applies it: MLATransformerConfig's, and GPTModel's
+    YaRN embedding (position_embedding_type yarn), whose fields models/gpt.py declares."""
+    cfg = apply_overrides(llama_like(), [*(MLA if mla else []), "model.rope_scaling=yarn"])
+    assert validate(cfg, H100x8) == []
+    config = gpt.transformer_config(cfg, finalize(cfg, H100x8), "cpu", torch.float32)
+    factor = config.rotary_scaling_factor if mla else config.yarn_rotary_scaling_factor
+    assert factor == cfg.model.rope_scaling_factor

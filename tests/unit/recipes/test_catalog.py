@@ -62,6 +62,8 @@ PUBLISHED_PARAMS_B = {
     "mixtral_8x7b_pretrain": 46.7,
     "qwen3_30b_a3b_pretrain": 30.5,
     "deepseek_v3_pretrain": 671.0,
+    "gpt_oss_20b_sft": 20.91,  # the gpt-oss model card's table (its active counts: see
+    "gpt_oss_120b_pretrain": 116.83,  # tests/unit/models/test_hf_gpt_oss.py, no input embedding)
 }
 # Parameters a token passes through, for the mixtures of experts (billions).
 PUBLISHED_ACTIVE_B = {
