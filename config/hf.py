@@ -57,6 +57,13 @@ ARCH_FIELDS = (
     "rope_beta_slow",
     "rope_mscale",
     "rope_mscale_all_dim",
+    "window_size",
+    "window_attn_skip_freq",
+    "rotary_base_local",
+    "softmax_scale",
+    "layernorm_zero_centered_gamma",
+    "sandwich_norm",
+    "scale_embeddings",
     "add_bias_linear",
     "add_qkv_bias",
     "qk_layernorm",
@@ -260,6 +267,8 @@ def _effective(model: ModelConfig, name: str) -> Any:
         return None
     if model.rope_scaling is None and name.startswith("rope_") and name != "rope_scaling":
         return None
+    if name == "window_attn_skip_freq" and model.window_size is None:
+        return None  # no local layers to skip
     return value
 
 

@@ -150,14 +150,17 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = field(default=128, metadata=within(1, 2**16))
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     layernorm_epsilon: float = field(default=1e-5, metadata=EPSILON)
-    activation: Literal["swiglu", "gelu"] = "swiglu"  # swiglu: gated SiLU (Llama)
+    # swiglu: gated SiLU (Llama); geglu: gated GELU, tanh approximation (Gemma's
+    # gelu_pytorch_tanh); gelu: plain (erf) GELU, not gated
+    activation: Literal["swiglu", "geglu", "gelu"] = "swiglu"
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
     # Published bases go up to 1e8 or so; torch takes the base as an int64.
     rotary_base: int = field(default=10000, metadata=within(1, 10**12))
     # RoPE frequency scaling as the model's config.json sets it: "llama3" (Llama 3.1 / 3.2: low
     # frequencies divided by the factor, low/high frequency factors 1 and 4 over 8,192 original
-    # positions) or "yarn" (DeepSeek-V3, multi-latent attention only).
-    rope_scaling: Optional[Literal["llama3", "yarn"]] = None
+    # positions), "yarn" (DeepSeek-V3, multi-latent attention only) or "linear" (positions divided
+    # by the factor: Gemma 3's global layers, Megatron-Core's seq_len_interpolation_factor).
+    rope_scaling: Optional[Literal["llama3", "yarn", "linear"]] = None
     rope_scaling_factor: float = field(default=8.0, metadata=within(1))
     # YaRN's parameters (DeepSeek-V3's config.json values as defaults)
     rope_original_max_position_embeddings: int = field(default=4096, metadata=within(1, MAX_SEQ))
@@ -165,6 +168,27 @@ class ModelConfig:
     rope_beta_slow: float = field(default=1.0, metadata=within(0, low_open=True))
     rope_mscale: float = field(default=1.0, metadata=NON_NEGATIVE)
     rope_mscale_all_dim: float = field(default=0.0, metadata=NON_NEGATIVE)
+    # Sliding-window (local) attention, Megatron-Core's window_size (left, 0): each query sees
+    # itself and the `window_size` tokens before it (Hugging Face's sliding_window - 1); None: every
+    # layer attends over the whole sequence.
+    window_size: Optional[int] = field(default=None, metadata=within(0, MAX_SEQ))
+    # With window_size: every Nth layer (N, 2N, ... counting from 1) attends over the whole
+    # sequence, the others locally (Gemma 3: 6, five local layers to one global); None: all local.
+    window_attn_skip_freq: Optional[int] = field(default=None, metadata=LAYERS)
+    # The local layers' RoPE base, unscaled (Gemma 3: 10,000 where the global layers take
+    # rotary_base 1,000,000); None: rotary_base and its scaling, as the global layers.
+    rotary_base_local: Optional[int] = field(default=None, metadata=within(1, 10**12))
+    # Attention logits' scale; None: 1 / sqrt(head dim). Gemma 3 27B: 1 / sqrt(168)
+    # (query_pre_attn_scalar) with heads of 128.
+    softmax_scale: Optional[float] = field(default=None, metadata=within(0, low_open=True))
+    # Norms scale by (1 + weight), the weight starting at 0 (Gemma's RMSNorm; the weights map as
+    # published).
+    layernorm_zero_centered_gamma: bool = False
+    # Gemma 2 / 3: a norm on the attention's and on the MLP's output before each residual add, on
+    # top of the norms in front of them (four per layer).
+    sandwich_norm: bool = False
+    # Gemma: token embeddings times sqrt(hidden_size), rounded to the weights' dtype.
+    scale_embeddings: bool = False
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
@@ -363,6 +387,11 @@ RECOMPUTE_MODULES = (
 def comma_names(text: str) -> list[str]:
     """A comma-separated field (peft.target_modules, model.recompute_modules) as a list of names."""
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def gated_mlp(model: ModelConfig) -> bool:
+    """Whether fc1 holds two halves, gate and up (SwiGLU, GeGLU)."""
+    return model.activation in ("swiglu", "geglu")
 
 
 def selective_modules(model: ModelConfig) -> list[str]:

@@ -25,7 +25,8 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from config.finalize import Derived
 from config.precision import PrecisionPreset
-from config.schema import TrainingConfig, masks_packed_rows, selective_modules
+from config.schema import TrainingConfig, gated_mlp, masks_packed_rows, selective_modules
+from models.gemma_layers import scale_embeddings
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
@@ -34,6 +35,19 @@ _FP8_RECIPES = {
     "tensorwise": "tensorwise",
     "blockwise": "blockwise",
     "mxfp8": "mxfp8",
+}
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation: Gemma's gelu_pytorch_tanh, as transformers computes it."""
+    return F.gelu(x, approximate="tanh")
+
+
+# model.activation -> the activation Megatron-Core's MLP applies (to the gate half when gated).
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "swiglu": F.silu,
+    "geglu": gelu_tanh,
+    "gelu": F.gelu,
 }
 
 
@@ -86,8 +100,13 @@ def transformer_config(
         num_query_groups=m.num_query_groups or m.num_attention_heads,
         normalization=m.normalization,
         layernorm_epsilon=m.layernorm_epsilon,
-        gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        gated_linear_unit=gated_mlp(m),
+        activation_func=_ACTIVATIONS[m.activation],
+        layernorm_zero_centered_gamma=m.layernorm_zero_centered_gamma,
+        softmax_scale=m.softmax_scale,
+        # Megatron-Core's (left, right) window; a causal decoder looks no further right than 0.
+        window_size=None if m.window_size is None else (m.window_size, 0),
+        window_attn_skip_freq=m.window_attn_skip_freq,
         add_bias_linear=m.add_bias_linear,
         add_qkv_bias=m.add_qkv_bias,
         qk_layernorm=m.qk_layernorm,
@@ -202,7 +221,13 @@ def build_chunks(
         model = GPTModel(
             config=config,
             transformer_layer_spec=decoder_block_spec(
-                config, backend, m.normalization, stage, masked
+                config,
+                backend,
+                m.normalization,
+                stage,
+                masked,
+                rotary_base_local=m.rotary_base_local,
+                sandwich_norm=m.sandwich_norm,
             ),
             vocab_size=derived.padded_vocab_size,
             max_sequence_length=m.seq_length,
@@ -214,9 +239,15 @@ def build_chunks(
             # Llama 3.1 / 3.2's frequency scaling (MLA's RoPE and YaRN live in MLATransformerConfig).
             rope_scaling=m.rope_scaling == "llama3",
             rope_scaling_factor=m.rope_scaling_factor,
+            # Linear RoPE scaling: positions divided by the factor (Gemma 3's global layers).
+            seq_len_interpolation_factor=(
+                m.rope_scaling_factor if m.rope_scaling == "linear" else None
+            ),
             mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage, masked),
             vp_stage=stage,
         )
+        if m.scale_embeddings and pre:
+            scale_embeddings(model.embedding, m.hidden_size)
         chunks.append(model)
     return chunks
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from config.schema import ModelConfig, selective_modules
+from config.schema import ModelConfig, gated_mlp, selective_modules
 
 
 def head_dim(m: ModelConfig) -> int:
@@ -57,7 +57,7 @@ def attention(m: ModelConfig) -> tuple[int, int]:
 
 def mlp(m: ModelConfig, ffn: int) -> tuple[int, int]:
     """(matmul weights, biases) of an MLP of width ffn; SwiGLU has a gate and an up projection."""
-    gated = m.activation == "swiglu"
+    gated = gated_mlp(m)
     bias = ((2 if gated else 1) * ffn + m.hidden_size) if m.add_bias_linear else 0
     return (3 if gated else 2) * m.hidden_size * ffn, bias
 
@@ -99,7 +99,7 @@ def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
         hq, hkv = heads * d, (m.num_query_groups or heads) * d
         outside += lin * h
         inside = 2 * (hq + 2 * hkv) + out * hq + (2 * (hq + hkv) if m.qk_layernorm else 0)
-    act = 2 if m.activation == "swiglu" else 1  # the fc1 output the activation saves
+    act = 2 if gated_mlp(m) else 1  # the fc1 output the activation saves
     if moe:
         topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
         outside += 2 * h + 4 * (
@@ -127,7 +127,7 @@ def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     FC1's); moe_act the experts' FC2 input; shared_experts theirs; moe the whole expert part and
     the routing scores."""
     modules = selective_modules(m)
-    h, act = m.hidden_size, 2 if m.activation == "swiglu" else 1
+    h, act = m.hidden_size, 2 if gated_mlp(m) else 1
     outside = inside = 0
     if "mla_up_proj" in modules and m.multi_latent_attention:
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim

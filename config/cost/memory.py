@@ -51,7 +51,7 @@ from config.hardware import Cluster
 from config.layout import warmup_forwards
 from config.lora import targets
 from config.precision import PrecisionPreset
-from config.schema import ModelConfig, TrainingConfig, VisionConfig
+from config.schema import ModelConfig, TrainingConfig, VisionConfig, gated_mlp
 from config.tree import in_range
 
 GIB = 2**30
@@ -252,7 +252,7 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
     hq = m.num_attention_heads * d
     qkv = hq + 2 * (m.num_query_groups or m.num_attention_heads) * d
     ffn = m.moe_shared_expert_intermediate_size if moe else m.ffn_hidden_size
-    gated = 2 if m.activation == "swiglu" else 1
+    gated = 2 if gated_mlp(m) else 1
     h = m.hidden_size
     column = {"linear_qkv": (h, qkv), "linear_fc1": (h, gated * (ffn or 0))}
     row = {"linear_proj": (hq, h), "linear_fc2": (ffn or 0, h)}

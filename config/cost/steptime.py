@@ -57,7 +57,7 @@ from config.cost.memory import ParamCount, count_parameters, model_flops_per_tok
 from config.finalize import Derived
 from config.hardware import Cluster
 from config.layout import warmup_forwards
-from config.schema import TrainingConfig, selective_modules
+from config.schema import TrainingConfig, gated_mlp, selective_modules
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +235,7 @@ def layer_costs(
             "ep": ep,
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
-        act = 2 if m.activation == "swiglu" else 1
+        act = 2 if gated_mlp(m) else 1
         again["moe_act"] = ({}, {"memory": tokens * topk / t * (2 * act * fe + 2 * fe) / hbm})
         again["shared_experts"] = ({}, {"gemm": shared / 3})
         again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
