@@ -28,6 +28,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_layer_specs,
     get_gpt_mtp_block_spec,
 )
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP
@@ -245,6 +246,11 @@ def gemma_layers(
         return
     for spec in layer_specs:
         attention = spec.submodules.self_attention
+        if attention.module not in (SelfAttention, GemmaSelfAttention):
+            raise ValueError(
+                f"model.rotary_base_local / model.sandwich_norm extend SelfAttention, not "
+                f"{attention.module.__name__}"
+            )
         attention.module = GemmaSelfAttention
         attention.params = dict(
             attention.params, rotary_base_local=rotary_base_local, sandwich_norm=sandwich_norm
