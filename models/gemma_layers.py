@@ -37,7 +37,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.core.transformer.utils import is_layer_window_attention
+from megatron.core.transformer.utils import is_layer_window_attention, sharded_state_dict_default
 
 
 class ZeroCenteredNorm(torch.nn.Module):
@@ -143,6 +143,19 @@ class GemmaMLP(MLP):
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out, bias = super().forward(hidden_states, *args, **kwargs)
         return _normed(self.post_layernorm, out, bias)
+
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+    ) -> dict[str, Any]:
+        """MLP's, with the post norm replicated over TP: MLP hands its children no TP group, and
+        a torch module's tensors then get replica id 0 on every TP rank (a checkpoint refuses
+        that)."""
+        out = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        norm = f"{prefix}post_layernorm."
+        out = {k: v for k, v in out.items() if not k.startswith(norm)}
+        return out | sharded_state_dict_default(
+            self.post_layernorm, norm, sharded_offsets, metadata, tp_group=self.tp_group
+        )
 
 
 def scale_embeddings(embedding: torch.nn.Module, hidden_size: int) -> None:

@@ -83,11 +83,49 @@ def test_gemma3_variants_match_transformers(tmp_path: Path, change: dict[str, An
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
 
 
-def test_import_then_export_gives_every_tensor_back_bit_for_bit(tmp_path: Path) -> None:
+def tiny_gemma3_vlm(folder: Path) -> torch.nn.Module:
+    """A Gemma3ForConditionalGeneration (the published 4B-27B folders' class) around the text model
+    of `tiny_gemma3`, with a one-layer SigLIP tower and its projector."""
+    text = tiny_gemma3(folder / "text").config.to_dict()
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+        },
+        mm_tokens_per_image=4,
+        attn_implementation="eager",
+    )
+    return save(transformers.Gemma3ForConditionalGeneration, config, folder / "vlm")
+
+
+def test_gemma3_vlm_language_model_matches_transformers(tmp_path: Path) -> None:
+    """The language model of a vision-language folder (the hub's tensor names, which transformers
+    5 writes back), its vision tower not loaded: the same logits on text as transformers'."""
+    from config.hf import safetensors_tensors
+
+    reference = tiny_gemma3_vlm(tmp_path)
+    names = set(safetensors_tensors(tmp_path / "vlm"))
+    assert "language_model.model.embed_tokens.weight" in names
+    assert any(n.startswith("vision_tower.") for n in names)
+    model = hf_config(tmp_path / "vlm", tmp_path / "run").model
+    assert model.window_attn_skip_freq == 3 and model.rotary_base_local == 10_000
+    assert_logits_match(reference, tmp_path / "vlm", tmp_path / "run")
+
+
+@pytest.mark.parametrize("vlm", [False, True], ids=["causal_lm", "vlm"])
+def test_import_then_export_gives_every_tensor_back_bit_for_bit(tmp_path: Path, vlm: bool) -> None:
+    """The vision tower of a vision-language folder too: kept aside by the import."""
     from recipes.cli import main
     from training.hf.convert import iter_tensors
 
-    reference = tiny_gemma3(tmp_path / "hf")
+    reference = tiny_gemma3_vlm(tmp_path) if vlm else tiny_gemma3(tmp_path / "hf")
+    if vlm:
+        (tmp_path / "vlm").rename(tmp_path / "hf")
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run", tmp_path / "imported")
     assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
