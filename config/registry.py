@@ -199,6 +199,12 @@ HF_FAMILIES: dict[str, HfFamily] = _by_name(
     HfFamily("Qwen3ForCausalLM", "models.hf.qwen3", "Qwen3 dense"),
     HfFamily("Qwen3MoeForCausalLM", "models.hf.qwen3_moe", "Qwen3 mixture of experts"),
     HfFamily("MixtralForCausalLM", "models.hf.mixtral", "Mixtral"),
+    HfFamily("Gemma3ForCausalLM", "models.hf.gemma3", "Gemma 3 text (1B)"),
+    HfFamily(
+        "Gemma3ForConditionalGeneration",
+        "models.hf.gemma3_vlm",
+        "Gemma 3 4B-27B: the language model (the vision tower is not loaded)",
+    ),
     HfFamily("DeepseekV3ForCausalLM", "models.hf.deepseek_v3", "DeepSeek-V3"),
     HfFamily("GptOssForCausalLM", "models.hf.gpt_oss", "GPT-OSS", dequantizes=("mxfp4",)),
     HfFamily("LlavaForConditionalGeneration", "models.hf.llava", "LLaVA (llava-hf, CLIP ViT)"),

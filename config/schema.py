@@ -150,8 +150,10 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = field(default=128, metadata=within(1, 2**16))
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     layernorm_epsilon: float = field(default=1e-5, metadata=EPSILON)
-    # swiglu: gated SiLU (Llama); quick_geglu: gated x * sigmoid(1.702 x) (GPT-OSS's experts)
-    activation: Literal["swiglu", "gelu", "quick_geglu"] = "swiglu"
+    # swiglu: gated SiLU (Llama); geglu: gated GELU, tanh approximation (Gemma's
+    # gelu_pytorch_tanh); quick_geglu: gated x * sigmoid(1.702 x) (GPT-OSS's experts); gelu: plain
+    # (erf) GELU, not gated
+    activation: Literal["swiglu", "geglu", "quick_geglu", "gelu"] = "swiglu"
     # GPT-OSS's clamped GLU (Megatron-Core's names): before act(gate) * (linear + offset), the gate
     # is clamped from above and the linear half to [-value, value]. None: no clamp.
     activation_func_clamp_value: Optional[float] = field(
@@ -163,9 +165,10 @@ class ModelConfig:
     rotary_base: int = field(default=10000, metadata=within(1, 10**12))
     # RoPE frequency scaling as the model's config.json sets it: "llama3" (Llama 3.1 / 3.2: low
     # frequencies divided by the factor, low/high frequency factors 1 and 4 over 8,192 original
-    # positions) or "yarn" (DeepSeek-V3 in multi-latent attention, GPT-OSS in GPTModel's own
-    # YaRN rotary embedding).
-    rope_scaling: Optional[Literal["llama3", "yarn"]] = None
+    # positions), "yarn" (DeepSeek-V3 in multi-latent attention, GPT-OSS in GPTModel's own YaRN
+    # rotary embedding) or "linear" (positions divided by the factor: Gemma 3's global layers,
+    # Megatron-Core's seq_len_interpolation_factor).
+    rope_scaling: Optional[Literal["llama3", "yarn", "linear"]] = None
     rope_scaling_factor: float = field(default=8.0, metadata=within(1))
     # YaRN's parameters (DeepSeek-V3's config.json values as defaults)
     rope_original_max_position_embeddings: int = field(default=4096, metadata=within(1, MAX_SEQ))
@@ -176,6 +179,21 @@ class ModelConfig:
     # YaRN's correction range rounded to whole dimensions (transformers' `truncate`, true unless
     # set; GPT-OSS publishes false). Multi-latent attention always rounds.
     rope_correction_range_round_to_int: bool = True
+    # The local (sliding-window) layers' RoPE base, unscaled (Gemma 3: 10,000 where the global
+    # layers take rotary_base 1,000,000); None: rotary_base and its scaling, as the global layers.
+    # The window itself: window_size and window_attn_skip_freq below.
+    rotary_base_local: Optional[int] = field(default=None, metadata=within(1, 10**12))
+    # Attention logits' scale; None: 1 / sqrt(head dim). Gemma 3 27B: 1 / sqrt(168)
+    # (query_pre_attn_scalar) with heads of 128.
+    softmax_scale: Optional[float] = field(default=None, metadata=within(0, low_open=True))
+    # Norms scale by (1 + weight), the weight starting at 0 (Gemma's RMSNorm; the weights map as
+    # published).
+    layernorm_zero_centered_gamma: bool = False
+    # Gemma 2 / 3: a norm on the attention's and on the MLP's output before each residual add, on
+    # top of the norms in front of them (four per layer).
+    sandwich_norm: bool = False
+    # Gemma: token embeddings times sqrt(hidden_size), rounded to the weights' dtype.
+    scale_embeddings: bool = False
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
@@ -183,12 +201,12 @@ class ModelConfig:
     init_method_std: float = field(default=0.02, metadata=within(0, 1, low_open=True))
     hidden_dropout: float = field(default=0.0, metadata=DROPOUT)
     attention_dropout: float = field(default=0.0, metadata=DROPOUT)
-    # Sliding-window attention (GPT-OSS), as Megatron-Core's window (window_size, 0): each token
-    # sees itself and the window_size tokens before it, so a config.json sliding_window of 128 is
-    # 127 here. None: full attention.
+    # Sliding-window attention (GPT-OSS, Gemma 3), as Megatron-Core's window (window_size, 0):
+    # each token sees itself and the window_size tokens before it, so a config.json
+    # sliding_window of 128 is 127 here. None: full attention.
     window_size: Optional[int] = field(default=None, metadata=within(0, MAX_SEQ))
     # With a window: every window_attn_skip_freq-th layer (counted from 1) attends in full
-    # (GPT-OSS: 2, windowed and full layers alternate); None: every layer is windowed.
+    # (GPT-OSS: 2, windowed and full layers alternate; Gemma 3: 6); None: every layer is windowed.
     window_attn_skip_freq: Optional[int] = field(default=None, metadata=LAYERS)
     # "learnable": a learned logit per head joins each softmax's denominator (GPT-OSS's attention
     # sinks: a head may attend to nothing).
@@ -388,7 +406,7 @@ def comma_names(text: str) -> list[str]:
 
 def is_gated(model: ModelConfig) -> bool:
     """Whether fc1 is a gated linear unit (twice the FFN width: gate and linear halves)."""
-    return model.activation in ("swiglu", "quick_geglu")
+    return model.activation in ("swiglu", "geglu", "quick_geglu")
 
 
 def selective_modules(model: ModelConfig) -> list[str]:

@@ -28,6 +28,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 from config.finalize import Derived
 from config.precision import PrecisionPreset
 from config.schema import TrainingConfig, is_gated, masks_packed_rows, selective_modules
+from models.gemma_layers import scale_embeddings
 from models.specs import choose_backend, decoder_block_spec, have_transformer_engine, mtp_block_spec
 
 # Our preset names for TE's FP8 scaling recipes -> TransformerConfig.fp8_recipe.
@@ -39,9 +40,16 @@ _FP8_RECIPES = {
 }
 
 
-# ModelConfig.activation -> Megatron-Core's activation_func (gated or not: `is_gated`).
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation: Gemma's gelu_pytorch_tanh, as transformers computes it."""
+    return F.gelu(x, approximate="tanh")
+
+
+# ModelConfig.activation -> Megatron-Core's activation_func (to the gate half when gated:
+# `is_gated`).
 _ACTIVATIONS: dict[str, Callable[..., Any]] = {
     "swiglu": F.silu,
+    "geglu": gelu_tanh,
     "gelu": F.gelu,
     "quick_geglu": quick_gelu,  # x * sigmoid(1.702 x), Megatron-Core's own
 }
@@ -120,7 +128,10 @@ def transformer_config(
         activation_func=_ACTIVATIONS[m.activation],
         activation_func_clamp_value=m.activation_func_clamp_value,
         glu_linear_offset=m.glu_linear_offset,
-        # GPT-OSS's attention: sinks (a learned logit per head) and windows on some layers.
+        layernorm_zero_centered_gamma=m.layernorm_zero_centered_gamma,
+        softmax_scale=m.softmax_scale,
+        # GPT-OSS's attention: sinks (a learned logit per head) and windows on some layers;
+        # Megatron-Core's (left, right) window, a causal decoder looking no further right than 0.
         softmax_type=m.softmax_type,
         window_size=None if m.window_size is None else (m.window_size, 0),
         window_attn_skip_freq=m.window_attn_skip_freq,
@@ -249,7 +260,13 @@ def build_chunks(
         model = GPTModel(
             config=config,
             transformer_layer_spec=decoder_block_spec(
-                config, backend, m.normalization, stage, masked
+                config,
+                backend,
+                m.normalization,
+                stage,
+                masked,
+                rotary_base_local=m.rotary_base_local,
+                sandwich_norm=m.sandwich_norm,
             ),
             vocab_size=derived.padded_vocab_size,
             max_sequence_length=m.seq_length,
@@ -261,9 +278,15 @@ def build_chunks(
             # Llama 3.1 / 3.2's frequency scaling (MLA's RoPE and YaRN live in MLATransformerConfig).
             rope_scaling=m.rope_scaling == "llama3",
             rope_scaling_factor=m.rope_scaling_factor,
+            # Linear RoPE scaling: positions divided by the factor (Gemma 3's global layers).
+            seq_len_interpolation_factor=(
+                m.rope_scaling_factor if m.rope_scaling == "linear" else None
+            ),
             mtp_block_spec=mtp_block_spec(config, backend, m.normalization, stage, masked),
             vp_stage=stage,
         )
+        if m.scale_embeddings and pre:
+            scale_embeddings(model.embedding, m.hidden_size)
         chunks.append(model)
     return chunks
 

@@ -30,16 +30,20 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_mtp_block_spec,
 )
 from megatron.core.tensor_parallel.layers import RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
 from config.backend import local_layers
+from models.gemma_layers import GemmaMLP, GemmaSelfAttention, ZeroCenteredNorm
 
 
 def have_transformer_engine() -> bool:
@@ -58,7 +62,9 @@ def choose_backend(device: str, lora: bool = False) -> str:
 
 
 class SequenceParallelTorchNorm:
-    """Megatron-Core's torch norm (`WrappedTorchNorm`) that also runs under sequence parallelism.
+    """Megatron-Core's torch norm (`WrappedTorchNorm`) that also runs under sequence parallelism,
+    and scales by (1 + weight) under layernorm_zero_centered_gamma (Gemma's norms), which
+    `WrappedTorchNorm` refuses (models/gemma_layers.py `ZeroCenteredNorm`).
 
     Under SP each TP rank normalises its own shard of the sequence, so its weight gradient is a
     partial sum over the TP group. Megatron-Core's apex and Transformer Engine norms mark their
@@ -71,11 +77,16 @@ class SequenceParallelTorchNorm:
     def __new__(  # type: ignore[misc]
         cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs: Any
     ) -> torch.nn.Module:
-        if not config.sequence_parallel:
+        if config.layernorm_zero_centered_gamma:
+            norm: torch.nn.Module = ZeroCenteredNorm(config, hidden_size, eps)
+        elif not config.sequence_parallel:
             return cast(torch.nn.Module, WrappedTorchNorm(config, hidden_size, eps, **kwargs))
-        unsharded = copy.copy(config)
-        unsharded.sequence_parallel = False  # only WrappedTorchNorm's assertion reads it
-        norm = cast(torch.nn.Module, WrappedTorchNorm(unsharded, hidden_size, eps, **kwargs))
+        else:
+            unsharded = copy.copy(config)
+            unsharded.sequence_parallel = False  # only WrappedTorchNorm's assertion reads it
+            norm = cast(torch.nn.Module, WrappedTorchNorm(unsharded, hidden_size, eps, **kwargs))
+        if not config.sequence_parallel:
+            return norm
         for param in norm.parameters():
             param.sequence_parallel = True  # type: ignore[attr-defined]  # read by finalize_model_grads
         return norm
@@ -188,6 +199,12 @@ class SdpaAttention(MegatronModule):
         self.dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
+        # Tokens before the query that a sliding-window layer sees (window_size (left, 0)); None on
+        # layers that attend over the whole sequence. Megatron-Core's local DotProductAttention
+        # builds its window mask on "cuda" and drops a mask of the batch's own.
+        window = config.window_size
+        local = is_layer_window_attention(window, config.window_attn_skip_freq, self.layer_number)
+        self.window = window[0] if local and window is not None else None
 
     def forward(
         self,
@@ -209,6 +226,11 @@ class SdpaAttention(MegatronModule):
         if attention_mask is not None:
             mask = ~attention_mask  # Megatron marks the masked-out positions, SDPA the kept ones
         causal = mask is None and mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        if self.window is not None:  # causal, and no further back than the window
+            q_pos = torch.arange(q.size(2), device=q.device)[:, None]
+            k_pos = torch.arange(k.size(2), device=q.device)[None, :]
+            near = (k_pos <= q_pos) & (k_pos >= q_pos - self.window)
+            mask, causal = near if mask is None else mask & near, False
         dropout = self.dropout_p if self.training else 0.0
         rng = (
             tensor_parallel.get_cuda_rng_tracker().fork()
@@ -231,8 +253,10 @@ class SdpaAttention(MegatronModule):
 
 
 def _sdpa_can_run(config: TransformerConfig) -> bool:
-    """SDPA covers vanilla softmax without sliding windows; anything else keeps the local spec."""
-    return config.softmax_type == "vanilla" and config.window_size is None
+    """SDPA covers vanilla softmax, causal sliding windows included; anything else keeps the
+    spec's own core attention."""
+    window = config.window_size
+    return config.softmax_type == "vanilla" and (window is None or window[1] == 0)
 
 
 def _swap_core_attention(
@@ -247,8 +271,8 @@ def _swap_core_attention(
     if not _sdpa_can_run(config):
         if masked:
             raise ValueError(
-                "packed SFT rows need the SDPA core attention, which has no sliding window or "
-                "non-vanilla softmax; set data.sequence_packing=false"
+                "packed SFT rows need the SDPA core attention, which has no window looking "
+                "ahead or non-vanilla softmax; set data.sequence_packing=false"
             )
         return  # the spec's own attention
     if backend == "te" and not masked:
@@ -259,16 +283,45 @@ def _swap_core_attention(
             attention.core_attention = SdpaAttention
 
 
+def gemma_layers(
+    layer_specs: list[Any], rotary_base_local: int | None, sandwich_norm: bool
+) -> None:
+    """Gemma 3's attention and MLP (models/gemma_layers.py) in the layers, in place, where the
+    model has a RoPE base of its own for the local layers or norms on the sublayers' outputs."""
+    if rotary_base_local is None and not sandwich_norm:
+        return
+    for spec in layer_specs:
+        attention = spec.submodules.self_attention
+        if attention.module not in (SelfAttention, GemmaSelfAttention):
+            raise ValueError(
+                f"model.rotary_base_local / model.sandwich_norm extend SelfAttention, not "
+                f"{attention.module.__name__}"
+            )
+        attention.module = GemmaSelfAttention
+        attention.params = dict(
+            attention.params, rotary_base_local=rotary_base_local, sandwich_norm=sandwich_norm
+        )
+        mlp = spec.submodules.mlp  # layers share one spec: it may be swapped already
+        if not sandwich_norm or mlp.func == GemmaMLP.as_mlp_submodule:
+            continue
+        if not (isinstance(mlp, functools.partial) and mlp.func == MLP.as_mlp_submodule):
+            raise ValueError(f"model.sandwich_norm: the layers' MLP is {mlp}, not a dense MLP")
+        spec.submodules.mlp = functools.partial(GemmaMLP.as_mlp_submodule, **mlp.keywords)
+
+
 def decoder_block_spec(
     config: TransformerConfig,
     backend: str,
     normalization: str,
     vp_stage: int | None,
     masked: bool = False,
+    rotary_base_local: int | None = None,
+    sandwich_norm: bool = False,
 ) -> TransformerBlockSubmodules:
     """The layers of one pipeline chunk (dense or MoE per config.moe_layer_freq).
 
     `masked`: batches carry an explicit attention mask (packed SFT), see `_swap_core_attention`.
+    `rotary_base_local`, `sandwich_norm`: ModelConfig's, see `gemma_layers`.
     """
     spec = get_gpt_decoder_block_spec(
         config,
@@ -277,6 +330,7 @@ def decoder_block_spec(
         vp_stage=vp_stage,
     )
     _swap_core_attention(config, spec.layer_specs, backend, masked)
+    gemma_layers(spec.layer_specs, rotary_base_local, sandwich_norm)
     _sequence_parallel_norms(spec)
     if config.num_moe_experts and config.add_bias_linear:
         _solo_expert_fc2(spec)

@@ -57,6 +57,11 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
         model.moe_first_k_dense_layers = min(model.moe_first_k_dense_layers, 1)
         if model.moe_shared_expert_intermediate_size:
             model.moe_shared_expert_intermediate_size = 32
+    if model.window_size is not None:
+        # A window that cuts the short sequence, and local and global layers in every chunk.
+        model.window_size = min(model.window_size, 15)
+        if model.window_attn_skip_freq is not None:
+            model.window_attn_skip_freq = 2
     if model.multi_latent_attention:
         model.q_lora_rank = 32 if model.q_lora_rank else None
         model.kv_lora_rank = 16

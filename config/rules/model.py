@@ -42,7 +42,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
                 f"{groups} must divide num_attention_heads={model.num_attention_heads}",
             )
         )
-    out += _recompute(model) + _mla_query_norm(cfg, cluster)
+    out += _recompute(model) + _mla_query_norm(cfg, cluster) + _local_layers(cfg)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
     if delayed and discarded:
@@ -52,6 +52,76 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
                 f"{' and '.join(sorted(discarded))} recompute cannot run under FP8 delayed "
                 f"scaling (precision {cfg.precision}); drop them or use a current-scaling FP8 "
                 "preset",
+            )
+        )
+    return out
+
+
+def _local_layers(cfg: TrainingConfig) -> list[Problem]:
+    """Sliding-window (local) layers and what models/gemma_layers.py adds to Megatron-Core's
+    layers (Gemma 3): the settings Megatron-Core would ignore, and what the layers cannot run.
+
+    - Megatron-Core makes a layer local only when window_size is set (is_layer_window_attention);
+      the local layers' RoPE base would be ignored without it (window_attn_skip_freq too:
+      `_attention` names that).
+    - Transformer Engine's context parallelism runs a sliding window only with its a2a or
+      all_gather exchange; Megatron-Core hands it p2p (its default cp_comm_type, which nothing
+      here changes), and TE asserts in the first forward step ("The context parallel running
+      configs cannot support sliding window attention"). The SDPA core attention has no CP.
+    - The post norms sit on a dense MLP (models/specs.py `gemma_layers`), and both they and the
+      local RoPE subclass SelfAttention, not multi-latent attention.
+    """
+    m, par = cfg.model, cfg.parallel
+    out: list[Problem] = []
+    if m.window_size is None:  # window_attn_skip_freq alone: `_attention`
+        if m.rotary_base_local is not None:
+            out.append(
+                Problem(
+                    "model.rotary_base_local",
+                    f"is {m.rotary_base_local} but model.window_size is unset: without a window "
+                    "no layer is local, and Megatron-Core would ignore it; set "
+                    "model.window_size (Gemma 3: 1023) or model.rotary_base_local=None",
+                )
+            )
+    elif par.context_parallel_size > 1:
+        out.append(
+            Problem(
+                "parallel.context_parallel_size",
+                f"is {par.context_parallel_size} with sliding-window layers "
+                f"(model.window_size={m.window_size}): Transformer Engine's context parallelism "
+                "(Megatron-Core's p2p exchange) cannot run a sliding window; use "
+                "parallel.context_parallel_size=1 (tensor parallelism with "
+                "parallel.sequence_parallel=true splits long sequences too)",
+            )
+        )
+    if m.rotary_base_local is not None and m.position_embedding_type != "rope":
+        out.append(
+            Problem(
+                "model.rotary_base_local",
+                f"is {m.rotary_base_local} but model.position_embedding_type="
+                f"'{m.position_embedding_type}' has no RoPE; unset it",
+            )
+        )
+    gemma = [
+        f"model.{name}"
+        for name in ("sandwich_norm", "rotary_base_local")
+        if getattr(m, name) not in (None, False)
+    ]
+    if gemma and m.multi_latent_attention:
+        out.append(
+            Problem(
+                gemma[0],
+                f"{' and '.join(gemma)} extend Megatron-Core's SelfAttention, not multi-latent "
+                "attention; set model.multi_latent_attention=false or unset them",
+            )
+        )
+    if m.sandwich_norm and m.num_moe_experts:
+        out.append(
+            Problem(
+                "model.sandwich_norm",
+                "is true in a mixture of experts (model.num_moe_experts="
+                f"{m.num_moe_experts}): the norm on the MLP's output is built on a dense MLP "
+                "only; set model.sandwich_norm=false or unset model.num_moe_experts",
             )
         )
     return out
@@ -181,9 +251,8 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
     Megatron-Core windows layer i (from 1) unless i % window_attn_skip_freq == 0, and reads the
     frequency only with a window (transformer/utils.py is_layer_window_attention): a frequency
     alone, or of 1 (no layer windowed), would be ignored without a word. Packed SFT rows attend
-    through the SDPA core attention with their block-diagonal mask (models/specs.py), which has
-    neither windows nor sinks, and Megatron-Core's local attention puts its window mask in place
-    of the rows' mask: models/specs.py refuses to build that.
+    through the SDPA core attention with their block-diagonal mask (models/specs.py), which
+    applies a causal window too but has no sinks: models/specs.py refuses to build that.
     """
     m = cfg.model
     out = []
@@ -204,14 +273,14 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
                 "or more (2: windowed and full layers alternate), or unset model.window_size",
             )
         )
-    if masks_packed_rows(cfg) and (m.window_size is not None or m.softmax_type != "vanilla"):
-        what = "a sliding window" if m.window_size is not None else "attention sinks"
+    if masks_packed_rows(cfg) and m.softmax_type != "vanilla":
         out.append(
             Problem(
                 "data.sequence_packing",
-                f"is true, and this model has {what} (model.window_size={m.window_size}, "
-                f"model.softmax_type={m.softmax_type}): packed rows attend through the SDPA core "
-                "attention with their own mask, which has neither; set data.sequence_packing=false",
+                f"is true, and this model has attention sinks (model.softmax_type="
+                f"{m.softmax_type}): packed rows attend through the SDPA core attention with "
+                "their own mask (a causal window too), which has no sinks; set "
+                "data.sequence_packing=false",
             )
         )
     return out

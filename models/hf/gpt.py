@@ -288,6 +288,22 @@ def ends(
     return out
 
 
+def plain_layers(model: ModelConfig) -> bool:
+    """Layers as Llama's: SwiGLU, one norm before each sublayer scaling by its weight, every layer
+    attending over the whole sequence with one RoPE, the usual softmax scale and embedding. The
+    families whose `matches` says so would export a Gemma-like model as something else."""
+    return (
+        model.activation == "swiglu"
+        and not model.sandwich_norm
+        and not model.layernorm_zero_centered_gamma
+        and not model.scale_embeddings
+        and model.window_size is None
+        and model.rotary_base_local is None
+        and model.softmax_scale is None
+        and model.rope_scaling != "linear"
+    )
+
+
 def softmax_moe(model: ModelConfig) -> bool:
     """A GPT whose MoE routes by softmax with none of DeepSeek-V3's extras (shared experts,
     expert bias, group-limited routing, scaled weights) and no MLA or biases: what Mixtral and
@@ -295,6 +311,7 @@ def softmax_moe(model: ModelConfig) -> bool:
     return (
         model.arch == "gpt"
         and bool(model.num_moe_experts)
+        and plain_layers(model)
         and not model.multi_latent_attention
         and not model.add_qkv_bias
         and not model.add_bias_linear

@@ -50,6 +50,7 @@ def matches(model: ModelConfig) -> bool:
     return (
         model.arch == "gpt"
         and not model.num_moe_experts
+        and gpt.plain_layers(model)
         and not model.qk_layernorm
         and not model.multi_latent_attention
         and model.add_qkv_bias == model.add_bias_linear

@@ -74,6 +74,7 @@ def matches(model: ModelConfig) -> bool:
     return (
         model.arch == "gpt"
         and not model.num_moe_experts
+        and gpt.plain_layers(model)
         and model.qk_layernorm
         and not model.multi_latent_attention
         and not model.add_qkv_bias
