@@ -32,9 +32,10 @@ from tests.unit.config.test_validation import llama_like
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    from megatron.core.ssm.gated_delta_net import common, gdn
+
     import models.gpt as gpt
     from config.finalize import finalize
-    from megatron.core.ssm.gated_delta_net import common, gdn
     from tests.support.megatron_build import refuses
 
 STRICTER = {
