@@ -10,7 +10,10 @@ no zero-centred norm at all; models/specs.py adds a zero-centred RMSNorm there, 
 Transformer Engine's. tests/unit/config/test_rules_gdn_oracle.py holds these to Megatron-Core's
 constructors.
 
-Stricter on purpose: packed rows (several samples in a row, kept apart by an attention mask)
+Stricter on purpose: TP without sequence parallelism (GatedDeltaNet's gated output norm is one
+weight shared by the heads each TP rank holds; finalize_model_grads sums its gradient over TP only
+when it is marked sequence parallel, so without SP each rank applies its own partial gradient);
+packed rows (several samples in a row, kept apart by an attention mask)
 with Gated DeltaNet: its recurrence runs over the whole row and sees no mask, so one sample
 would read the ones before it (Megatron-Core separates them only with THD cu_seqlens, which the
 engine does not pass); and the variant's sizes set without the variant (they would be ignored).
@@ -85,6 +88,16 @@ def linear_attention(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[
                     f"{heads}",
                 )
             )
+    if tp > 1 and not par.sequence_parallel:
+        out.append(
+            Problem(
+                "parallel.sequence_parallel",
+                f"false with Gated DeltaNet at tensor_model_parallel_size={tp}: each TP rank "
+                "normalises its own heads with the one gated output norm, and Megatron-Core sums "
+                "that norm's gradient over TP only for sequence-parallel parameters, so without "
+                "it the replicas drift apart; set parallel.sequence_parallel=true",
+            )
+        )
     if masks_packed_rows(cfg):
         out.append(
             Problem(

@@ -114,7 +114,7 @@ LAYOUTS = {
     "deepseek_v3_ep2": (deepseek_v3, {"expert_model_parallel_size": 2}),
     "deepseek_v3_pp2": (deepseek_v3, {"pipeline_model_parallel_size": 2}),
     # Gated DeltaNet's in_proj and conv1d parts, A_log and dt_bias split over TP by head groups.
-    "qwen3_5_tp2": (qwen3_5, {"tensor_model_parallel_size": 2}),
+    "qwen3_5_tp2": (qwen3_5, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
     "qwen3_5_pp2_vpp2": (
         qwen3_5,
         {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},

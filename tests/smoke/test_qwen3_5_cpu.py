@@ -34,7 +34,7 @@ pytestmark = pytest.mark.smoke
 
 DENSE = {
     "dp2": {},
-    "tp2": {"tensor_model_parallel_size": 2},
+    "tp2": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
     "pp2": {"pipeline_model_parallel_size": 2},
 }
 MOE = {"moe_dp2": {}, "moe_ep2": {"expert_model_parallel_size": 2}}

@@ -39,6 +39,8 @@ with warnings.catch_warnings():
     from tests.support.megatron_build import refuses
 
 STRICTER = {
+    "tp_without_sp": "TP without sequence parallel: Megatron-Core builds it, and then sums the "
+    "gated output norm's gradient over TP only for sequence-parallel parameters",
     "freq_alone": "linear_attention_freq without the variant: models/gpt.py would not pass it, "
     "and no layer would be linear",
 }
@@ -149,6 +151,9 @@ def _cases() -> list[tuple[list[str], str | None]]:
             ["model.experimental_attention_variant=None", "model.linear_num_key_heads=2"],
             "freq_alone",
         )
+    )
+    out.append(
+        (["parallel.tensor_model_parallel_size=2", "model.linear_num_key_heads=2"], "tp_without_sp")
     )
     return out
 

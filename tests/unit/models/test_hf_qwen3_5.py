@@ -9,12 +9,14 @@ dt_bias are randomised, so a norm mapped to the wrong tensor or a zero-centred n
 shows in the logits; the sequence (80 tokens) is longer than the delta rule's chunk of 64, so the
 state carried between chunks is exercised.
 
-Tolerance: 1e-4 on logits of standard deviation about 0.8 (measured largest differences: 6.3e-5
-dense). The chunked delta rule differs from transformers' in the order of its float operations
-(Megatron-Core's torch_chunk_gated_delta_rule is an earlier copy of transformers' own): one Gated
-DeltaNet layer alone differs by 9e-7 on outputs of magnitude 1.4, which eight layers grow; the
-functions themselves agree to 1e-7 (tests/unit/training/test_gdn_cpu.py). A mapping mistake moves
-the logits by 1e-2 and more.
+Tolerance: 5e-4 on logits of standard deviation about 0.8 (measured largest differences: 6.3e-5
+dense, 2.7e-4 for the published class's draw of weights, the same language model as transformers'
+text class to the bit). The chunked delta rule is exact only up to its triangular solve in FP32:
+Megatron-Core's torch_chunk_gated_delta_rule and transformers' each stand about 1e-6 from the
+step-by-step recurrence on outputs of magnitude 1 and differ from each other as much
+(tests/unit/training/test_gdn_cpu.py), which eight layers of random weights at std 0.1 grow. A
+mapping mistake (a query taken for its gate, a norm taken as plain) moves the logits by 1e-2 and
+more.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def assert_logits_match(
         ours = gpt_logits(trainer, TOKENS)
         with torch.no_grad():
             theirs = reference(TOKENS).logits
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=5e-4)
         return float((ours - theirs).abs().max())
     finally:
         trainer.close()
@@ -134,3 +136,42 @@ def test_import_then_export_gives_every_tensor_back_bit_for_bit(tmp_path: Path, 
     assert sorted(back) == sorted(original)
     for name, value in original.items():
         assert torch.equal(back[name], value), name
+
+
+def tiny_published(folder: Path) -> torch.nn.Module:
+    """A tiny Qwen3_5ForConditionalGeneration: the class and layout of the published folders
+    (text_config nested in config.json, the language model under `model.language_model`, a
+    vision tower under `model.visual`)."""
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=16,
+    )
+    text = dict(intermediate_size=96, **SIZES)
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    return save(transformers.Qwen3_5ForConditionalGeneration, config, folder)
+
+
+def test_the_published_vision_language_folder_trains_its_language_model(tmp_path: Path) -> None:
+    """`checkpoint.pretrained_dir` (and `model=`) on a Qwen3_5ForConditionalGeneration folder:
+    the language model loads (its prefix read from the folder's names, its config from
+    text_config) with transformers' logits for text, the vision tower left out by name."""
+    from config.hf import model_from_hf
+    from models.hf import qwen3_5
+
+    reference = tiny_published(tmp_path / "hf")
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert any(n.startswith("model.visual.") for n in names)
+    assert qwen3_5.prefix(names) == "model.language_model"
+    model = model_from_hf(tmp_path / "hf", SEQ)
+    assert (model.num_layers, model.linear_attention_freq) == (8, 4)
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")

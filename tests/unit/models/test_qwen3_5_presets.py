@@ -10,6 +10,7 @@ config; the Qwen3.5-35B-A3B text config beside the 122B-A10B's).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,3 +146,29 @@ def test_parameter_count_is_transformers(
     padding = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1) - m.vocab_size
     ours = count_parameters(cfg).total - 2 * padding * m.hidden_size
     assert ours == pytest.approx(theirs, abs=m.num_layers)  # the per-layer average rounds down
+
+
+@pytest.mark.parametrize(
+    ("recipe", "published", "other"),
+    [
+        ("qwen3_5_27b_sft", QWEN3_5_27B, QWEN3_5_35B_A3B),
+        ("qwen3_5_35b_a3b_sft", QWEN3_5_35B_A3B, QWEN3_5_27B),
+    ],
+)
+def test_sft_recipes_take_the_published_folder(
+    tmp_path: Path, recipe: str, published: dict[str, Any], other: dict[str, Any]
+) -> None:
+    """`checkpoint.pretrained_dir=<published folder>`: the recipe's model section is the
+    folder's (no field differs); the other size's folder is refused field by field."""
+    from config.tree import apply_overrides
+    from recipes.registry import get
+    from tests.unit.config.test_hf_check import hf_folder, problems
+
+    folder = hf_folder(tmp_path / "ours", published)
+    cfg = apply_overrides(get(recipe).config(), [f"checkpoint.pretrained_dir={folder}"])
+    assert problems(cfg) == {}
+    wrong = hf_folder(tmp_path / "other", other)
+    cfg = apply_overrides(get(recipe).config(), [f"checkpoint.pretrained_dir={wrong}"])
+    assert {"model.num_layers", "model.hidden_size", "model.linear_num_value_heads"} <= set(
+        problems(cfg)
+    )
