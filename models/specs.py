@@ -8,7 +8,11 @@ on GPUs, a fused kernel on the CPU.
 
 The local spec's RMSNorm (and its LayerNorm without apex) is Megatron-Core's torch norm, which
 refuses sequence parallelism; LoRA builds that spec on GPUs too. `SequenceParallelTorchNorm` takes
-its place: see there.
+its place: see there. It refuses zero-centred norms too (Qwen3.5's); `ZeroCenteredRMSNorm` is one.
+
+Linear attention (Gated DeltaNet in most layers, `experimental_attention_variant`): Megatron-Core's
+own hybrid builder with Transformer Engine, else the local GPT layers with its GatedDeltaNet in
+the linear layers (`_hybrid_layer_specs`), sliced per pipeline chunk as Megatron-Core slices them.
 """
 
 from __future__ import annotations
@@ -310,13 +314,14 @@ def decoder_block_spec(
             vp_stage=vp_stage,
         )
     _swap_core_attention(config, spec.layer_specs, backend, masked)
-    _local_norms(config, spec, backend)
+    _norms(config, spec, backend)
     return spec
 
 
-def _local_norms(config: TransformerConfig, spec: Any, backend: str) -> None:
-    """The local layers' norms: zero-centred where the config asks, marked for sequence
-    parallelism; Gated DeltaNet's output norm keeps its plain weight (`_plain_gamma`)."""
+def _norms(config: TransformerConfig, spec: Any, backend: str) -> None:
+    """The local layers' norms zero-centred where the config asks (Transformer Engine's are by
+    themselves) and marked for sequence parallelism; Gated DeltaNet's output norm keeps its plain
+    weight with either backend (`_plain_gamma`)."""
     if backend != "te" and config.layernorm_zero_centered_gamma:
         _zero_centered_norms(spec)
     _sequence_parallel_norms(spec)
