@@ -172,3 +172,21 @@ def test_sft_recipes_take_the_published_folder(
     assert {"model.num_layers", "model.hidden_size", "model.linear_num_value_heads"} <= set(
         problems(cfg)
     )
+
+
+@pytest.mark.parametrize(("preset", "family", "_p", "config_class", "_m"), CASES)
+def test_config_json_of_an_export_without_origin_is_the_model(
+    preset: Any, family: Any, _p: Any, config_class: str, _m: str
+) -> None:
+    """`to_hf` (an export of a run that started from no folder): transformers' config class
+    takes it, and it maps back to the same architecture."""
+    transformers = pytest.importorskip("transformers")
+    model = preset()
+    hf = family.to_hf(model)
+    config = getattr(transformers, config_class)(**hf)
+    assert config.layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
+    assert config.rope_parameters["partial_rotary_factor"] == 0.25
+    back = family.to_model(hf, set())
+    assert {n: _effective(back, n) for n in ARCH_FIELDS} == {
+        n: _effective(model, n) for n in ARCH_FIELDS
+    }
