@@ -71,14 +71,25 @@ ARCH_FIELDS = (
     "layernorm_zero_centered_gamma",
     "sandwich_norm",
     "scale_embeddings",
+    "rotary_percent",
     "add_bias_linear",
     "add_qkv_bias",
     "qk_layernorm",
+    "layernorm_zero_centered_gamma",
+    "attention_output_gate",
+    "experimental_attention_variant",
+    "linear_attention_freq",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
     "share_embeddings_and_output_weights",
     "num_moe_experts",
     "moe_router_topk",
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
     "moe_first_k_dense_layers",
     "moe_router_score_function",
     "moe_router_pre_softmax",
@@ -307,6 +318,8 @@ def _effective(model: ModelConfig, name: str) -> Any:
         return None
     if model.window_size is None and name == "window_attn_skip_freq":
         return None
+    if model.experimental_attention_variant is None and name.startswith("linear_"):
+        return None  # Gated DeltaNet's sizes, unused without it
     return value
 
 

@@ -207,5 +207,19 @@ HF_FAMILIES: dict[str, HfFamily] = _by_name(
     ),
     HfFamily("DeepseekV3ForCausalLM", "models.hf.deepseek_v3", "DeepSeek-V3"),
     HfFamily("GptOssForCausalLM", "models.hf.gpt_oss", "GPT-OSS", dequantizes=("mxfp4",)),
+    HfFamily("Qwen3_5ForCausalLM", "models.hf.qwen3_5", "Qwen3.5 / 3.6 dense (Gated DeltaNet)"),
+    HfFamily(
+        "Qwen3_5ForConditionalGeneration",
+        "models.hf.qwen3_5",
+        "Qwen3.5 / 3.6 dense, published folders: the language model",
+    ),
+    HfFamily(
+        "Qwen3_5MoeForCausalLM", "models.hf.qwen3_5_moe", "Qwen3.5 / 3.6 MoE (Gated DeltaNet)"
+    ),
+    HfFamily(
+        "Qwen3_5MoeForConditionalGeneration",
+        "models.hf.qwen3_5_moe",
+        "Qwen3.5 / 3.6 MoE, published folders: the language model",
+    ),
     HfFamily("LlavaForConditionalGeneration", "models.hf.llava", "LLaVA (llava-hf, CLIP ViT)"),
 )

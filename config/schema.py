@@ -186,17 +186,35 @@ class ModelConfig:
     # Attention logits' scale; None: 1 / sqrt(head dim). Gemma 3 27B: 1 / sqrt(168)
     # (query_pre_attn_scalar) with heads of 128.
     softmax_scale: Optional[float] = field(default=None, metadata=within(0, low_open=True))
-    # Norms scale by (1 + weight), the weight starting at 0 (Gemma's RMSNorm; the weights map as
-    # published).
+    # Norms scale by (1 + weight), the weight stored centred on 0 (Gemma's RMSNorm, Qwen3.5 /
+    # Qwen3-Next; the weights map as published): weight decay pulls the scale towards 1, not 0.
     layernorm_zero_centered_gamma: bool = False
     # Gemma 2 / 3: a norm on the attention's and on the MLP's output before each residual add, on
     # top of the norms in front of them (four per layer).
     sandwich_norm: bool = False
     # Gemma: token embeddings times sqrt(hidden_size), rounded to the weights' dtype.
     scale_embeddings: bool = False
+    # The share of each head's channels that RoPE rotates (the first ones); Qwen3.5 rotates 0.25.
+    rotary_percent: float = field(default=1.0, metadata=within(0, 1, low_open=True))
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
+    # Attention's output multiplied by sigmoid(a gate projected with the queries) per channel
+    # before the output projection (Qwen3.5 / Qwen3-Next's full-attention layers).
+    attention_output_gate: bool = False
+    # Linear attention in place of softmax attention in most layers: "gated_delta_net" (Qwen3.5,
+    # Qwen3-Next); None means softmax attention in every layer.
+    experimental_attention_variant: Optional[Literal["gated_delta_net"]] = None
+    # Every linear_attention_freq-th layer keeps softmax attention, the others are linear
+    # (Qwen3.5: 4, three Gated DeltaNet layers then one full-attention layer).
+    linear_attention_freq: Optional[int] = field(default=None, metadata=LAYERS)
+    # Gated DeltaNet's sizes: the causal convolution's width over q/k/v, the query/key and the
+    # value/gate heads (value heads a multiple of key heads, each key head serving a group).
+    linear_conv_kernel_dim: int = field(default=4, metadata=within(1, 64))
+    linear_key_head_dim: int = field(default=128, metadata=WIDTH)
+    linear_value_head_dim: int = field(default=128, metadata=WIDTH)
+    linear_num_key_heads: int = field(default=16, metadata=HEADS)
+    linear_num_value_heads: int = field(default=32, metadata=HEADS)
     share_embeddings_and_output_weights: bool = False  # Llama 3.2 ties them, larger Llamas do not
     init_method_std: float = field(default=0.02, metadata=within(0, 1, low_open=True))
     hidden_dropout: float = field(default=0.0, metadata=DROPOUT)
@@ -220,6 +238,9 @@ class ModelConfig:
     # Per expert; None means ffn_hidden_size
     moe_ffn_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)
     moe_shared_expert_intermediate_size: Optional[int] = field(default=None, metadata=WIDTH)
+    # The shared expert's output scaled by sigmoid(a learned projection of the token) (Qwen3.5-MoE,
+    # Qwen3-Next)
+    moe_shared_expert_gate: bool = False
     # DeepSeek-V3 keeps its first 3 layers dense
     moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3

@@ -138,6 +138,7 @@ def transformer_config(
         add_bias_linear=m.add_bias_linear,
         add_qkv_bias=m.add_qkv_bias,
         qk_layernorm=m.qk_layernorm,
+        attention_output_gate=m.attention_output_gate,
         init_method_std=m.init_method_std,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
@@ -169,12 +170,23 @@ def transformer_config(
     )
     if m.kv_channels is not None:
         fields["kv_channels"] = m.kv_channels
+    if m.experimental_attention_variant == "gated_delta_net":
+        fields.update(
+            experimental_attention_variant="gated_delta_net",
+            linear_attention_freq=m.linear_attention_freq,
+            linear_conv_kernel_dim=m.linear_conv_kernel_dim,
+            linear_key_head_dim=m.linear_key_head_dim,
+            linear_value_head_dim=m.linear_value_head_dim,
+            linear_num_key_heads=m.linear_num_key_heads,
+            linear_num_value_heads=m.linear_num_value_heads,
+        )
     if m.num_moe_experts:
         fields.update(
             num_moe_experts=m.num_moe_experts,
             moe_router_topk=m.moe_router_topk,
             moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            moe_shared_expert_gate=m.moe_shared_expert_gate,
             # 0 = dense, 1 = MoE per layer: DeepSeek-V3 keeps its first layers dense.
             moe_layer_freq=[0] * m.moe_first_k_dense_layers
             + [1] * (m.num_layers - m.moe_first_k_dense_layers),
@@ -275,6 +287,7 @@ def build_chunks(
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
             position_embedding_type="yarn" if gpt_yarn(cfg) else m.position_embedding_type,
             rotary_base=m.rotary_base,
+            rotary_percent=m.rotary_percent,
             # Llama 3.1 / 3.2's frequency scaling (MLA's RoPE and YaRN live in MLATransformerConfig).
             rope_scaling=m.rope_scaling == "llama3",
             rope_scaling_factor=m.rope_scaling_factor,

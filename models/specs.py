@@ -10,6 +10,10 @@ The local spec's RMSNorm (and its LayerNorm without apex) is Megatron-Core's tor
 refuses sequence parallelism; LoRA builds that spec on GPUs too. `SequenceParallelTorchNorm` takes
 its place: see there. Experts with biases (GPT-OSS) take `SoloExpertRowParallelLinear` as their fc2
 in the local spec, where Megatron-Core's own cannot train them without expert parallelism.
+
+Linear attention (Gated DeltaNet in most layers, `experimental_attention_variant`): Megatron-Core's
+own hybrid builder with Transformer Engine, else the local GPT layers with its GatedDeltaNet in
+the linear layers (`_hybrid_layer_specs`), sliced per pipeline chunk as Megatron-Core slices them.
 """
 
 from __future__ import annotations
@@ -24,21 +28,32 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_linear_attention_pattern,
+    get_transformer_layer_with_experimental_attention_variant_spec,
+)
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_decoder_layer_specs,
     get_gpt_mtp_block_spec,
 )
+from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
 from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.enums import AttnMaskType, LayerType
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import SequentialMLP
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
@@ -154,6 +169,23 @@ def _solo_expert_fc2(spec: Any, seen: set[int] | None = None) -> None:
     if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
         for field in dataclasses.fields(spec):
             _solo_expert_fc2(getattr(spec, field.name), seen)
+
+
+def _plain_gamma(norm: Any) -> Any:
+    """A norm builder that builds `norm` scaling by its weight as it is, whatever
+    layernorm_zero_centered_gamma says: Gated DeltaNet's output norm. Qwen3.5 and Qwen3-Next
+    scale that one norm by its weight (initialised to ones) while their other norms scale by
+    1 + weight, so its weight maps to the Hugging Face tensor unchanged."""
+
+    class PlainGammaNorm:
+        def __new__(  # type: ignore[misc]
+            cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs: Any
+        ) -> torch.nn.Module:
+            plain = copy.copy(config)
+            plain.layernorm_zero_centered_gamma = False
+            return cast(torch.nn.Module, norm(config=plain, hidden_size=hidden_size, eps=eps))
+
+    return PlainGammaNorm
 
 
 class SdpaAttention(MegatronModule):
@@ -278,6 +310,8 @@ def _swap_core_attention(
     if backend == "te" and not masked:
         return
     for spec in layer_specs:
+        if spec.submodules.self_attention.module is GatedDeltaNet:
+            continue  # linear attention: no core attention to swap
         attention = spec.submodules.self_attention.submodules
         if masked or attention.core_attention is DotProductAttention:
             attention.core_attention = SdpaAttention
@@ -323,18 +357,100 @@ def decoder_block_spec(
     `masked`: batches carry an explicit attention mask (packed SFT), see `_swap_core_attention`.
     `rotary_base_local`, `sandwich_norm`: ModelConfig's, see `gemma_layers`.
     """
-    spec = get_gpt_decoder_block_spec(
-        config,
-        use_transformer_engine=backend == "te",
-        normalization=normalization,
-        vp_stage=vp_stage,
-    )
+    if config.experimental_attention_variant is not None:
+        spec = _hybrid_block_spec(config, backend, normalization, vp_stage)
+    else:
+        spec = get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=backend == "te",
+            normalization=normalization,
+            vp_stage=vp_stage,
+        )
     _swap_core_attention(config, spec.layer_specs, backend, masked)
     gemma_layers(spec.layer_specs, rotary_base_local, sandwich_norm)
-    _sequence_parallel_norms(spec)
+    _norms(config, spec, backend)
     if config.num_moe_experts and config.add_bias_linear:
         _solo_expert_fc2(spec)
     return spec
+
+
+def _norms(config: TransformerConfig, spec: Any, backend: str) -> None:
+    """The local layers' norms zero-centred where the config asks (Transformer Engine's are by
+    themselves) and marked for sequence parallelism; Gated DeltaNet's output norm keeps its plain
+    weight with either backend (`_plain_gamma`)."""
+    _sequence_parallel_norms(spec)  # zero-centred where the config asks: SequenceParallelTorchNorm
+    layers = spec.layer_specs if isinstance(spec, TransformerBlockSubmodules) else [spec]
+    for layer in layers:
+        attention = layer.submodules.self_attention
+        if attention.module is GatedDeltaNet:
+            inner = attention.submodules.out_norm
+            if backend != "te":
+                inner = SequenceParallelTorchNorm
+            attention.submodules.out_norm = _plain_gamma(inner)
+
+
+def _gated_delta_net_local(config: TransformerConfig) -> ModuleSpec:
+    """Megatron-Core's GatedDeltaNet on its local layers: Megatron-Core's own spec
+    (experimental_attention_variant_module_specs) builds it from Transformer Engine's only, with
+    the input norm fused into in_proj; here the layer keeps its own input norm before it."""
+    local = LocalSpecProvider()
+    return ModuleSpec(
+        module=GatedDeltaNet,
+        submodules=GatedDeltaNetSubmodules(
+            in_proj=local.column_parallel_linear(),
+            out_norm=local.layer_norm(rms_norm=config.normalization == "RMSNorm", for_qk=False),
+            out_proj=local.row_parallel_linear(),
+        ),
+        metainfo={"fuse_input_layernorm": False},
+    )
+
+
+def _hybrid_layer_specs(config: TransformerConfig, backend: str, normalization: str) -> list[Any]:
+    """Every layer's spec of a model with linear attention (Gated DeltaNet) in some layers.
+
+    With Transformer Engine: Megatron-Core's own builder. Without it, the local GPT layers (dense
+    or MoE as moe_layer_freq says) with Gated DeltaNet in place of self-attention in the linear
+    layers (`get_linear_attention_pattern`: 1 marks one), as Megatron-Core's builder places it.
+    """
+    if backend == "te":
+        return list(get_transformer_layer_with_experimental_attention_variant_spec(config))
+    softmax_only = copy.copy(config)
+    softmax_only.experimental_attention_variant = None  # what get_gpt_decoder_layer_specs asks
+    layers = get_gpt_decoder_layer_specs(
+        softmax_only, use_transformer_engine=False, normalization=normalization
+    )
+    linear = get_linear_attention_pattern(config)
+    out = []
+    for layer, is_linear in zip(layers, linear, strict=True):
+        layer = copy.deepcopy(layer)  # the layers share their spec objects
+        if is_linear:
+            layer.submodules.self_attention = _gated_delta_net_local(config)
+        out.append(layer)
+    return out
+
+
+def _hybrid_block_spec(
+    config: TransformerConfig, backend: str, normalization: str, vp_stage: int | None
+) -> TransformerBlockSubmodules:
+    """The layers of one pipeline chunk of a linear-attention model, sliced as Megatron-Core's
+    get_transformer_block_with_experimental_attention_variant_spec slices them."""
+    layers = _hybrid_layer_specs(config, backend, normalization)
+    if config.pipeline_model_parallel_layout is not None:
+        ids = config.pipeline_model_parallel_layout.get_layer_id_list(
+            layer_type=LayerType.decoder, vp_stage=vp_stage
+        )
+    else:
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        ids = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
+    if backend == "te":
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        final_norm: Any = TENorm
+    else:
+        final_norm = LocalSpecProvider().layer_norm(
+            rms_norm=config.normalization == "RMSNorm", for_qk=False
+        )
+    return TransformerBlockSubmodules(layer_specs=[layers[i] for i in ids], layer_norm=final_norm)
 
 
 def mtp_block_spec(
@@ -351,14 +467,17 @@ def mtp_block_spec(
     """
     if not config.mtp_num_layers:
         return None
-    last_layer = get_gpt_decoder_layer_specs(
-        config, use_transformer_engine=backend == "te", normalization=normalization
-    )[-1]
+    if config.experimental_attention_variant is not None:
+        last_layer = _hybrid_layer_specs(config, backend, normalization)[-1]
+    else:
+        last_layer = get_gpt_decoder_layer_specs(
+            config, use_transformer_engine=backend == "te", normalization=normalization
+        )[-1]
     _swap_core_attention(config, [last_layer], backend, masked)
     spec = get_gpt_mtp_block_spec(
         config, last_layer, use_transformer_engine=backend == "te", vp_stage=vp_stage
     )
-    _sequence_parallel_norms(spec)
+    _sequence_parallel_norms(spec)  # zero-centred where the config asks: SequenceParallelTorchNorm
     if config.num_moe_experts and config.add_bias_linear:
         _solo_expert_fc2(spec)
     return spec

@@ -66,6 +66,13 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
         model.q_lora_rank = 32 if model.q_lora_rank else None
         model.kv_lora_rank = 16
         model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim = HEAD_DIM, 8, HEAD_DIM
+    if model.experimental_attention_variant is not None:
+        # Every 2-layer chunk keeps one Gated DeltaNet and one attention layer; its heads still
+        # split over TP x CP, with two value heads to a key head as in the published models.
+        model.linear_attention_freq = 2
+        model.linear_num_key_heads = max(2, tp * par.context_parallel_size)
+        model.linear_num_value_heads = 2 * model.linear_num_key_heads
+        model.linear_key_head_dim = model.linear_value_head_dim = HEAD_DIM
     if model.vision is not None:
         vision = model.vision
         vision.num_layers, vision.hidden_size, vision.ffn_hidden_size = 2, HIDDEN, 2 * HIDDEN

@@ -35,6 +35,14 @@ on GPUs):
    the rest is item 1's (its modules use `torch.device(f"cuda:{...}")` too, which the proxy's
    `torch.device` maps to the CPU). tests/smoke/test_fsdp_cpu.py holds it to Megatron DDP.
 
+7. Gated DeltaNet (Qwen3.5, Qwen3-Next) computes its causal convolution, its L2 norm and its
+   chunked delta rule with flash-linear-attention's Triton kernels (fla), GPU only and absent
+   here: Megatron-Core's GatedDeltaNet refuses to build without it. On the CPU it gets torch
+   stand-ins with fla's signatures (`causal_conv1d`, `l2norm` below; the chunked rule is
+   Megatron-Core's own torch_chunk_gated_delta_rule, its deterministic-mode path), held to
+   transformers' torch implementations in tests/unit/training/test_gdn_cpu.py. Packed rows
+   (fla's cu_seqlens) are refused: the checker keeps them off with Gated DeltaNet.
+
 What still needs a GPU (see config/rules/precision.py `cpu`; `--shrink` replaces them, see
 recipes/shrink.py `cpu_substitutes`): context parallel, the alltoall and flex MoE dispatchers and
 FP8/FP4. Measured here: TP with and without SP, PP (with virtual stages), DP with the distributed
@@ -78,6 +86,8 @@ _MODULES: dict[str, str] = {
     "sinks) on current_device()",
     "megatron.core.transformer.multi_token_prediction": "MTP loss trackers on current_device()",
     "megatron.core.transformer.moe.router": "aux-loss and token-count tensors on current_device()",
+    "megatron.core.ssm.gated_delta_net.common": "Gated DeltaNet's conv1d, dt_bias and A_log "
+    "built on current_device()",
     "megatron.core.models.common.embeddings.rotary_pos_embedding": "inv_freq moved to "
     "current_device() at the first forward",
     "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding": "YaRN tables (MLA) moved "
@@ -339,6 +349,56 @@ class _NoFP8:
         return contextlib.nullcontext()
 
 
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """fla.modules.convolution.causal_conv1d in torch: a depthwise convolution over the sequence
+    of x [batch, seq, channels] with weight [channels, width], each position seeing itself and
+    the width - 1 before it, then SiLU. Returns (output, no final state) as fla does."""
+    if initial_state is not None or output_final_state or cu_seqlens is not None:
+        raise NotImplementedError(
+            "the CPU stand-in of causal_conv1d has no cache state and no packed sequences"
+        )
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"causal_conv1d activation {activation!r}: silu (swish) or None")
+    seq, width = x.size(1), weight.size(-1)
+    out = torch.nn.functional.conv1d(
+        x.transpose(1, 2).to(weight.dtype),
+        weight.unsqueeze(1),
+        bias,
+        padding=width - 1,
+        groups=weight.size(0),
+    )[..., :seq]
+    if activation is not None:
+        out = torch.nn.functional.silu(out)
+    return out.transpose(1, 2).to(x.dtype), None
+
+
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6, **kwargs: Any) -> torch.Tensor:
+    """fla.modules.l2norm.l2norm in torch: x / sqrt(sum(x^2) + eps) along `dim`, in FP32."""
+    y = x.float()
+    return (y * torch.rsqrt((y * y).sum(dim=dim, keepdim=True) + eps)).to(x.dtype)
+
+
+def _gated_delta_net_in_torch() -> None:
+    """Item 7: Gated DeltaNet's fla kernels replaced by torch for the CPU."""
+    from megatron.core.ssm.gated_delta_net import common, gdn
+
+    gdn.causal_conv1d = causal_conv1d
+    gdn.chunk_gated_delta_rule = common.torch_chunk_gated_delta_rule
+    common.causal_conv1d = causal_conv1d
+    common.chunk_gated_delta_rule = common.torch_chunk_gated_delta_rule
+    common.l2norm = l2norm
+    common.HAVE_FLA = True  # GatedDeltaNet.__init__ refuses to build without fla
+
+
 def enabled() -> bool:
     return _enabled
 
@@ -423,4 +483,6 @@ def enable() -> None:
     mcore_fsdp_adapter.DeviceMesh = _CpuDeviceMesh
     check = param_and_grad_buffer.validate_uneven_dtensor
     param_and_grad_buffer.validate_uneven_dtensor = _as_if_on_cuda(check)
+    # 7. Gated DeltaNet's Triton kernels.
+    _gated_delta_net_in_torch()
     _enabled = True

@@ -30,7 +30,42 @@ def norm(m: ModelConfig, width: int) -> int:
 
 
 def attention(m: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, norms and biases) of one attention block, its input norm included."""
+    """(matmul weights, norms and biases) of one attention block, its input norm included.
+
+    With Gated DeltaNet in most layers (experimental_attention_variant), the average over the
+    layers of the two kinds (exact in the whole model's count up to rounding down)."""
+    if m.experimental_attention_variant is None:
+        return softmax_attention(m)
+    full = m.num_layers // (m.linear_attention_freq or m.num_layers + 1)
+    linear = m.num_layers - full
+    pairs = (softmax_attention(m), gated_delta_net(m))
+    mm, other = ((full * a + linear * b) // m.num_layers for a, b in zip(*pairs, strict=True))
+    return mm, other
+
+
+def full_attention_layers(m: ModelConfig) -> int:
+    """Decoder layers with softmax attention (whose cost grows with the sequence)."""
+    if m.experimental_attention_variant is None:
+        return m.num_layers
+    return m.num_layers // (m.linear_attention_freq or m.num_layers + 1)
+
+
+def gated_delta_net(m: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, the rest) of one Gated DeltaNet block, its input norm included: in_proj
+    (q, k, v, the output gate z, beta and alpha per value head), out_proj; the causal
+    convolution over q, k and v, A_log, dt_bias and the gated output norm."""
+    h = m.hidden_size
+    qk = m.linear_key_head_dim * m.linear_num_key_heads
+    v = m.linear_value_head_dim * m.linear_num_value_heads
+    mm = h * (2 * qk + 2 * v + 2 * m.linear_num_value_heads) + v * h
+    conv = (2 * qk + v) * m.linear_conv_kernel_dim
+    other = norm(m, h) + conv + 2 * m.linear_num_value_heads + m.linear_value_head_dim
+    return mm, other
+
+
+def softmax_attention(m: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, norms and biases) of one softmax attention block, its input norm
+    included; the output gate (attention_output_gate) adds a gate per query channel."""
     h, heads = m.hidden_size, m.num_attention_heads
     other = norm(m, h)
     if m.multi_latent_attention:
@@ -45,7 +80,7 @@ def attention(m: ModelConfig) -> tuple[int, int]:
         return mm, other + norm(m, m.kv_lora_rank)
     d = head_dim(m)
     hq, hkv = heads * d, (m.num_query_groups or heads) * d
-    mm = h * (hq + 2 * hkv) + hq * h
+    mm = h * (hq + 2 * hkv) + hq * h + (h * hq if m.attention_output_gate else 0)
     if m.add_bias_linear or m.add_qkv_bias:
         other += hq + 2 * hkv
     if m.add_bias_linear:

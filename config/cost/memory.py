@@ -161,6 +161,7 @@ def count_parameters(cfg: TrainingConfig) -> ParamCount:
         experts = m.num_moe_experts * per_expert
         shared = m.moe_shared_expert_intermediate_size
         moe_shared = h * m.num_moe_experts + (sum(layers.mlp(m, shared)) if shared else 0)
+        moe_shared += h if shared and m.moe_shared_expert_gate else 0  # the gate's projection
     moe_layer = attention + moe_shared + experts
     # An MTP layer: norms of embedding and hidden state, their 2h -> h projection, one layer of
     # the decoder's kind (MoE in DeepSeek-V3) and a final norm; embedding and output are shared.
@@ -223,7 +224,10 @@ def model_flops_per_token(cfg: TrainingConfig) -> float:
     # LoRA: frozen weights get no weight gradient, so 4 FLOPs per weight and token, not 6 (the
     # adapters' own, rank x width, are left out; attention's backward is whole either way).
     per_weight = 4.0 if cfg.peft.scheme == "lora" else 6.0
-    return per_weight * matmul + 3.0 * (m.num_layers + mtp) * scores_and_values
+    # Gated DeltaNet's cost is linear in the sequence (in its matmul weights and chunked state
+    # updates, left out here as norms are); only softmax layers add the quadratic term.
+    quadratic_layers = layers.full_attention_layers(m) + mtp
+    return per_weight * matmul + 3.0 * quadratic_layers * scores_and_values
 
 
 @dataclass(frozen=True, slots=True)

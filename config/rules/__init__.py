@@ -17,6 +17,7 @@ from config.rules.choices import choices
 from config.rules.cluster import cluster_size
 from config.rules.data import data
 from config.rules.fsdp import fsdp
+from config.rules.linear_attention import linear_attention
 from config.rules.model import model
 from config.rules.moe import moe
 from config.rules.moe_overlap import moe_overlap
@@ -44,6 +45,7 @@ RULES = (
     moe,
     moe_overlap,
     model,
+    linear_attention,
     precision,
     cpu,
     data,

@@ -15,25 +15,30 @@ from config.schema import ModelConfig
 from models.hf.mapping import Node, Pad, Part, Rows, Stack, tensor
 
 # Megatron-Core names some tensors differently with and without Transformer Engine (a norm fused
-# into the linear layer after it, or not); a key missing from a map is looked up by its other name.
-ALIASES = {
-    "self_attention.linear_q_up_proj.layer_norm_weight": "self_attention.q_layernorm.weight",
-    "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attention.kv_layernorm.weight",
-    "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
-    "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
-    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+# into the linear layer after it, or not); a key missing from a map is looked up by its other
+# names. The input norm of a Gated DeltaNet layer is fused into its in_proj under TE.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "self_attention.linear_q_up_proj.layer_norm_weight": ("self_attention.q_layernorm.weight",),
+    "self_attention.linear_kv_up_proj.layer_norm_weight": ("self_attention.kv_layernorm.weight",),
+    "self_attention.q_layernorm.weight": ("self_attention.linear_q_up_proj.layer_norm_weight",),
+    "self_attention.kv_layernorm.weight": ("self_attention.linear_kv_up_proj.layer_norm_weight",),
+    "mlp.linear_fc1.layer_norm_weight": ("pre_mlp_layernorm.weight",),
+    "pre_mlp_layernorm.weight": ("mlp.linear_fc1.layer_norm_weight",),
+    "self_attention.linear_qkv.layer_norm_weight": ("input_layernorm.weight",),
+    "self_attention.in_proj.layer_norm_weight": ("input_layernorm.weight",),
+    "input_layernorm.weight": (
+        "self_attention.linear_qkv.layer_norm_weight",
+        "self_attention.in_proj.layer_norm_weight",
+    ),
 }
 
 
-def alias(key: str) -> str | None:
-    """The other name of a Megatron key (with or without Transformer Engine), if it has one."""
-    for ours, other in ALIASES.items():
+def aliases(key: str) -> list[str]:
+    """The other names of a Megatron key (with or without Transformer Engine), if it has any."""
+    for ours, others in ALIASES.items():
         if key.endswith("." + ours):
-            return key[: -len(ours)] + other
-    return None
+            return [key[: -len(ours)] + other for other in others]
+    return []
 
 
 # --- config.json ---------------------------------------------------------------------------------

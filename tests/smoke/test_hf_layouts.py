@@ -107,6 +107,20 @@ def gpt_oss(folder: Path) -> Path:
     return folder
 
 
+def qwen3_5(folder: Path) -> Path:
+    from tests.unit.models.test_hf_qwen3_5 import tiny_dense
+
+    tiny_dense(folder)  # 8 layers: Gated DeltaNet x 3, attention, twice
+    return folder
+
+
+def qwen3_5_moe(folder: Path) -> Path:
+    from tests.unit.models.test_hf_qwen3_5 import tiny_moe
+
+    tiny_moe(folder)
+    return folder
+
+
 LAYOUTS = {
     "llama_tp2": (llama, {"tensor_model_parallel_size": 2}),
     "llama_pp2_vpp2": (
@@ -134,6 +148,13 @@ LAYOUTS = {
             "expert_tensor_parallel_size": 1,
         },
     ),
+    # Gated DeltaNet's in_proj and conv1d parts, A_log and dt_bias split over TP by head groups.
+    "qwen3_5_tp2": (qwen3_5, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
+    "qwen3_5_pp2_vpp2": (
+        qwen3_5,
+        {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+    ),
+    "qwen3_5_moe_ep2": (qwen3_5_moe, {"expert_model_parallel_size": 2}),
 }
 # Not here: LLaVA, whose training step needs images (a one-stage model: TP is its only split,
 # the same TP slicing as the language model's); its logits are compared on one rank.

@@ -28,7 +28,7 @@ from config.hf import differences, read_config
 from config.lora import is_adapter
 from config.schema import ModelConfig
 from models.hf import family_module
-from models.hf.gpt import alias
+from models.hf.gpt import aliases
 from models.hf.mapping import Node, read, shape_of
 from models.hf.safetensors_io import HfWeights
 from training.checkpoint.state import model_chunks
@@ -55,10 +55,10 @@ def mismatch_message(
 
 def node_for(weights: dict[str, Node], key: str) -> Node | None:
     """The map's entry for a Megatron key, under its own name or its other one (TE or not)."""
-    node = weights.get(key)
-    if node is None and (other := alias(key)) is not None:
-        node = weights.get(other)
-    return node
+    for name in (key, *aliases(key)):
+        if name in weights:
+            return weights[name]
+    return None
 
 
 def local_tensors(chunk: MegatronModule) -> list[ShardedTensor]:

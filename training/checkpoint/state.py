@@ -405,13 +405,13 @@ def _use_stored_names(state: dict[str, Any], folder: Path) -> None:
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from torch.distributed.checkpoint import FileSystemReader
 
-    from models.hf.gpt import alias
+    from models.hf.gpt import aliases
 
     stored = set(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
     for item in nested_values(state):
         key = getattr(item, "key", None)
-        if key is not None and key not in stored and (other := alias(key)) in stored:
-            item.key = other
+        if key is not None and key not in stored:
+            item.key = next((other for other in aliases(key) if other in stored), key)
 
 
 def _tensors_only(state: Any) -> Any:

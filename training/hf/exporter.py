@@ -36,7 +36,7 @@ from config.registry import HF_FAMILIES
 from config.schema import ModelConfig
 from config.tree import from_dict
 from models.hf import module_of
-from models.hf.gpt import alias
+from models.hf.gpt import aliases
 from models.hf.mapping import Assembler, Node, hf_names, split
 from models.hf.safetensors_io import HfWeights, ShardWriter
 from training.checkpoint import dirs
@@ -147,9 +147,7 @@ def _fsdp_view(
 
 def _where(key: str, stored: dict[str, Any]) -> tuple[str, int | None] | None:
     """Where a map key's tensor is in the checkpoint: (stored key, layer index in a stacked key)."""
-    for name in (key, alias(key)):
-        if name is None:
-            continue
+    for name in (key, *aliases(key)):
         if name in stored:
             return name, None
         stacked, layer = per_layer_key(name)
@@ -241,16 +239,21 @@ def _read_boxes(
     return out
 
 
-def _plan_entry(node: Node, shape: tuple[int, ...], dtype: torch.dtype) -> list[Any]:
-    """The Hugging Face (name, dtype, shape) entries a map entry produces, split on the meta device."""
-    shapes: dict[str, list[tuple[int, ...]]] = {}
-    for name, _, piece in split(node, torch.empty(shape, dtype=dtype, device="meta")):
-        shapes.setdefault(name, []).append(tuple(piece.shape))
-    out = []
-    for name, parts in shapes.items():
-        full = parts[0] if len(parts) == 1 else (sum(p[0] for p in parts), *parts[0][1:])
-        out.append((name, dtype, full))
-    return out
+def _plan_entries(entries: list[tuple[Node, tuple[int, ...], torch.dtype]]) -> list[Any]:
+    """The Hugging Face (name, dtype, shape) entries that map entries produce, split on the meta
+    device. A Hugging Face tensor may be made of several map entries (Gated DeltaNet's
+    in_proj_qkv is the query, key and value parts of Megatron-Core's in_proj): its rows run to
+    the end of its last piece."""
+    rows: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+    for node, shape, dtype in entries:
+        for name, start, piece in split(node, torch.empty(shape, dtype=dtype, device="meta")):
+            end = start + piece.shape[0] if piece.dim() else 0
+            seen = rows.get(name)
+            rows[name] = (max(end, seen[0] if seen else 0), tuple(piece.shape), dtype)
+    return [
+        (name, dtype, (end, *shape[1:]) if shape else shape)
+        for name, (end, shape, dtype) in rows.items()
+    ]
 
 
 def export_hf(
@@ -323,11 +326,12 @@ def _export(
         if where is None:
             raise ConvertError(f"{path} has no tensor for {key} (nor its stacked form)")
         located[key] = where
-    plan = []
+    entries = []
     for key, node in weights.items():
         name, layer = located[key]
         shape = tuple(stored[name].size)[1 if layer is not None else 0 :]
-        plan += _plan_entry(node, shape, stored[name].properties.dtype)
+        entries.append((node, shape, stored[name].properties.dtype))
+    plan = _plan_entries(entries)
     # Tensors the model does not hold: kept by `recipes import`, else the origin folder's.
     extras = sorted(k for k in stored if k.startswith(EXTRA))
     extra_names: list[str] = []

@@ -58,9 +58,10 @@ def _stacked(model: ModelConfig) -> bool:
 
     TransformerBlock.sharded_state_dict keeps a key per layer when the block is not homogeneous,
     which it decides from `moe_layer_freq` being a list, and models/gpt.py always gives MoE
-    models a list (dense first layers or not). The ViT of LLaVA is a dense block: stacked.
+    models a list (dense first layers or not), and from `linear_attention_freq` (Gated DeltaNet
+    layers among attention layers). The ViT of LLaVA is a dense block: stacked.
     """
-    return not model.num_moe_experts
+    return not model.num_moe_experts and model.experimental_attention_variant is None
 
 
 def import_hf(folder: Path, out: Path) -> Path:
