@@ -13,7 +13,8 @@ part the losses within the 6 steps.
 Then: the full fine-tune exported (`recipes export`) loads in transformers and predicts a counting
 sequence better than the folder it started from (the loss fell, in transformers); each LoRA
 layout's adapter, exported in peft's layout, loads on the folder in peft and gives the logits of
-its merged export.
+its merged export. The same holds for LoRA on the language model of a Gemma3ForConditionalGeneration
+folder (the 4B-27B's class), whose merged export keeps the vision tower bit for bit.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def counting_loss(folder: Path) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.unit.models.test_hf_gemma3 import tiny_gemma3
+    from tests.unit.models.test_hf_gemma3 import tiny_gemma3, tiny_gemma3_vlm
 
     root = tmp_path_factory.mktemp("gemma3")
     folder = root / "hf"
@@ -74,6 +75,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             cfg.optimizer.lr = 2e-2 if lora else 3e-3
             configs.append(write_yaml(cfg, root / "configs" / f"{name}.yaml"))
             names.append(name)
+    # LoRA on the language model of a vision-language folder (the 4B-27B's class), its vision
+    # tower not loaded.
+    tiny_gemma3_vlm(root / "vlm_parts")
+    cfg = hf_config(root / "vlm_parts" / "vlm", root / "lora_vlm")
+    cfg.name = "lora_vlm"
+    cfg.peft.scheme, cfg.peft.rank, cfg.peft.alpha = "lora", 4, 8.0
+    cfg.train.max_steps, cfg.train.global_batch_size = STEPS, 4
+    cfg.scheduler.warmup_steps, cfg.optimizer.lr = 1, 2e-2
+    configs.append(write_yaml(cfg, root / "configs" / "lora_vlm.yaml"))
+    names.append("lora_vlm")
     outcomes = launch_many(configs, 2, _env(root), root / "logs")
     for name in names:
         assert outcomes[name].error is None, outcomes[name].failure(name)
@@ -119,3 +130,30 @@ def test_lora_adapters_load_in_peft_as_their_merged_export(runs: Path) -> None:
             theirs, merged_logits = model(tokens).logits, merged_model(tokens).logits
         assert (theirs - before).abs().max() > 1e-3, layout  # the adapters moved the model
         torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_on_the_language_model_of_a_vision_language_folder(runs: Path) -> None:
+    """The adapter loads in peft on Gemma3ForConditionalGeneration and gives the logits of the
+    merged export, which holds the folder's vision tower unchanged."""
+    from training.hf.convert import iter_tensors
+
+    folder, ckpt = runs / "vlm_parts" / "vlm", str(runs / "lora_vlm" / "checkpoints")
+    adapter, merged = runs / "export" / "lora_vlm_adapter", runs / "export" / "lora_vlm"
+    assert main(["export", ckpt, str(adapter), "--adapter"]) == 0
+    assert main(["export", ckpt, str(merged)]) == 0
+    original, exported = dict(iter_tensors(folder)), dict(iter_tensors(merged))
+    assert sorted(exported) == sorted(original)
+    vision = [n for n in original if n.startswith(("vision_tower.", "multi_modal_projector."))]
+    assert vision and all(torch.equal(exported[n], original[n]) for n in vision)
+    tokens = torch.randint(0, 200, (2, 32), generator=torch.Generator().manual_seed(0))
+    vlm = transformers.Gemma3ForConditionalGeneration
+    with torch.no_grad():
+        before = vlm.from_pretrained(folder).eval()(tokens).logits
+        theirs = (
+            peft.PeftModel.from_pretrained(vlm.from_pretrained(folder), adapter)
+            .eval()(tokens)
+            .logits
+        )
+        merged_logits = vlm.from_pretrained(merged).eval()(tokens).logits
+    assert (theirs - before).abs().max() > 1e-3  # the adapters moved the model
+    torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
