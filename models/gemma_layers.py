@@ -3,8 +3,8 @@
 Megatron-Core already has the rest: sliding-window attention every layer but each
 `window_attn_skip_freq`-th (TransformerConfig.window_size, in Transformer Engine's attention; the
 SDPA core attention of models/specs.py does it without TE), per-head q/k norms (qk_layernorm),
-norms scaling by (1 + weight) (layernorm_zero_centered_gamma, TE's norms; `ZeroCenteredNorm`
-below for the local layers), a softmax scale of one's own (softmax_scale) and linear RoPE
+norms scaling by (1 + weight) (layernorm_zero_centered_gamma, TE's norms; models/norms.py
+`ZeroCenteredNorm` for the local layers), a softmax scale of one's own (softmax_scale) and linear RoPE
 scaling (GPTModel's seq_len_interpolation_factor). It lacks:
 
 - a second RoPE base for the local layers (ModelConfig.rotary_base_local): GPTModel computes one
@@ -18,7 +18,7 @@ scaling (GPTModel's seq_len_interpolation_factor). It lacks:
   reduction), as Hugging Face's Gemma3DecoderLayer does after o_proj and down_proj. Their
   `post_layernorm` is TE's norm on the TE layers, else `ZeroCenteredNorm` /
   Megatron-Core's torch norm, marked for sequence parallelism as the others
-  (models/specs.py `SequenceParallelTorchNorm`).
+  (models/norms.py `SequenceParallelTorchNorm`).
 - the embedding scaled by sqrt(hidden_size) (ModelConfig.scale_embeddings): `scale_embeddings`
   hooks it onto the embedding's output, rounded to its dtype as transformers rounds it.
 
@@ -39,33 +39,7 @@ from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention, sharded_state_dict_default
 
-
-class ZeroCenteredNorm(torch.nn.Module):
-    """RMSNorm / LayerNorm scaling by (1 + weight), computed in FP32 and cast back (Hugging Face's
-    Gemma3RMSNorm; Transformer Engine's norms with zero_centered_gamma). Megatron-Core's torch
-    norm refuses layernorm_zero_centered_gamma."""
-
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.rms = config.normalization == "RMSNorm"
-        self.eps = eps
-        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
-        options: dict[str, Any] = {"device": device, "dtype": config.params_dtype}
-        self.weight = torch.nn.Parameter(torch.zeros(hidden_size, **options))
-        if not self.rms:
-            self.bias = torch.nn.Parameter(torch.zeros(hidden_size, **options))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = 1.0 + self.weight.float()
-        if self.rms:
-            h = x.float()
-            out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * scale
-        else:
-            shape = (x.size(-1),)
-            out = torch.nn.functional.layer_norm(
-                x.float(), shape, scale, self.bias.float(), self.eps
-            )
-        return out.type_as(x)
+from models.norms import SequenceParallelTorchNorm
 
 
 def post_norm(config: TransformerConfig) -> torch.nn.Module:
@@ -74,8 +48,6 @@ def post_norm(config: TransformerConfig) -> torch.nn.Module:
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TENorm(config, config.hidden_size, config.layernorm_epsilon)
-    from models.specs import SequenceParallelTorchNorm
-
     return SequenceParallelTorchNorm(config, config.hidden_size, config.layernorm_epsilon)
 
 

@@ -7,9 +7,10 @@ calls torch.nn.functional.scaled_dot_product_attention: flash / memory-efficient
 on GPUs, a fused kernel on the CPU.
 
 The local spec's RMSNorm (and its LayerNorm without apex) is Megatron-Core's torch norm, which
-refuses sequence parallelism; LoRA builds that spec on GPUs too. `SequenceParallelTorchNorm` takes
-its place: see there. Experts with biases (GPT-OSS) take `SoloExpertRowParallelLinear` as their fc2
-in the local spec, where Megatron-Core's own cannot train them without expert parallelism.
+refuses sequence parallelism; LoRA builds that spec on GPUs too. models/norms.py
+`SequenceParallelTorchNorm` takes its place (and scales by 1 + weight for Gemma 3 and Qwen3.5):
+see there. Experts with biases (GPT-OSS) take `SoloExpertRowParallelLinear` as their fc2 in the
+local spec, where Megatron-Core's own cannot train them without expert parallelism.
 
 Linear attention (Gated DeltaNet in most layers, `experimental_attention_variant`): Megatron-Core's
 own hybrid builder with Transformer Engine, else the local GPT layers with its GatedDeltaNet in
@@ -58,7 +59,8 @@ from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
 from config.backend import local_layers
-from models.gemma_layers import GemmaMLP, GemmaSelfAttention, ZeroCenteredNorm
+from models.gemma_layers import GemmaMLP, GemmaSelfAttention
+from models.norms import SequenceParallelTorchNorm
 
 
 def have_transformer_engine() -> bool:
@@ -74,37 +76,6 @@ def choose_backend(device: str, lora: bool = False) -> str:
     wherever config/backend.py `local_layers` says so (the CPU, LoRA) and where Transformer Engine
     does not import."""
     return "sdpa" if local_layers(lora, device) or not have_transformer_engine() else "te"
-
-
-class SequenceParallelTorchNorm:
-    """Megatron-Core's torch norm (`WrappedTorchNorm`) that also runs under sequence parallelism,
-    and scales by (1 + weight) under layernorm_zero_centered_gamma (Gemma's norms), which
-    `WrappedTorchNorm` refuses (models/gemma_layers.py `ZeroCenteredNorm`).
-
-    Under SP each TP rank normalises its own shard of the sequence, so its weight gradient is a
-    partial sum over the TP group. Megatron-Core's apex and Transformer Engine norms mark their
-    parameters `sequence_parallel`, and `finalize_model_grads` sums the marked gradients over the
-    TP group; `WrappedTorchNorm` asserts SP is off instead. This builds the same torch norm and
-    marks its parameters the same way. tests/smoke/test_sp_cpu.py holds SP to TP without SP.
-    """
-
-    # A builder as Megatron-Core's own WrappedTorchNorm is: constructing it gives the torch norm.
-    def __new__(  # type: ignore[misc]
-        cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs: Any
-    ) -> torch.nn.Module:
-        if config.layernorm_zero_centered_gamma:
-            norm: torch.nn.Module = ZeroCenteredNorm(config, hidden_size, eps)
-        elif not config.sequence_parallel:
-            return cast(torch.nn.Module, WrappedTorchNorm(config, hidden_size, eps, **kwargs))
-        else:
-            unsharded = copy.copy(config)
-            unsharded.sequence_parallel = False  # only WrappedTorchNorm's assertion reads it
-            norm = cast(torch.nn.Module, WrappedTorchNorm(unsharded, hidden_size, eps, **kwargs))
-        if not config.sequence_parallel:
-            return norm
-        for param in norm.parameters():
-            param.sequence_parallel = True  # type: ignore[attr-defined]  # read by finalize_model_grads
-        return norm
 
 
 def _sequence_parallel_norms(spec: Any, seen: set[int] | None = None) -> None:

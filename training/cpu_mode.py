@@ -20,7 +20,7 @@ on GPUs):
    A new call site of this kind (a checkpoint path, say) is one more line in `enable()`.
 
 4. Sequence parallel needs nothing of its own here: the norms that run it are the layer spec's
-   (models/specs.py `SequenceParallelTorchNorm`, the same on GPUs), and the SP collectives
+   (models/norms.py `SequenceParallelTorchNorm`, the same on GPUs), and the SP collectives
    (all_gather_into_tensor, reduce_scatter_tensor, sync and async, FP32 and BF16) are gloo's own
    since torch 2.3 (its reduce_scatter_tensor is an all-reduce and this rank's chunk;
    pytorch#112144, #118911; measured with torch 2.14), so Megatron-Core's SP code path runs as

@@ -3,7 +3,7 @@
 The same tiny model, seed and samples train on 2 CPU processes with TP=2, once with
 `parallel.sequence_parallel` off and once on, in FP32 so that only the order of the sums differs.
 With SP, Megatron-Core's code path is the GPU one (training/cpu_mode.py): the norms (the local
-spec's, models/specs.py `SequenceParallelTorchNorm`, as on GPUs without Transformer Engine and
+spec's, models/norms.py `SequenceParallelTorchNorm`, as on GPUs without Transformer Engine and
 for LoRA) and dropout run on sequence shards, the column-parallel linears all-gather the sequence and the row-parallel ones
 reduce-scatter it over gloo, and the norms' partial weight gradients are summed over the TP group.
 Measured: the losses and gradient norms agree to 1e-7 (dense and MLA: bit for bit). Norms whose

@@ -11,6 +11,7 @@ language model.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +132,43 @@ def test_parameter_count_is_the_reported_one(size: str) -> None:
     embedding, rest = REPORTED[size]
     assert count.embedding / 1e6 == pytest.approx(embedding, rel=0.01)
     assert (count.total - count.embedding) / 1e6 == pytest.approx(rest, rel=0.01)
+
+
+def test_the_12b_recipes_take_the_published_folder(tmp_path: Path) -> None:
+    """`checkpoint.pretrained_dir=<google/gemma-3-12b-pt>` (its config.json as published: the
+    vision-language wrapper around the text_config above) passes the check; the 1B folder is
+    refused naming each field that differs; `model=<1B folder>` takes the 1B's architecture."""
+    from config.hf import model_override
+    from config.rules import validate
+    from config.tree import apply_overrides
+    from recipes.registry import get
+    from tests.unit.config.test_hf_check import hf_folder
+
+    def vlm_folder(folder: Path, config: dict[str, Any]) -> Path:
+        """hf_folder with its one tensor under the hub's language-model prefix."""
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        hf_folder(folder, config)
+        norm = {"language_model.model.norm.weight": np.zeros(4, dtype=np.float32)}
+        save_file(norm, str(folder / "model.safetensors"))
+        return folder
+
+    vlm = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": PUBLISHED["12b"],
+        "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 27},
+        "mm_tokens_per_image": 256,
+    }
+    folder_12b = vlm_folder(tmp_path / "gemma-3-12b-pt", vlm)
+    folder_1b = hf_folder(tmp_path / "gemma-3-1b-pt", PUBLISHED["1b"])
+    for name in ("gemma3_12b_sft", "gemma3_12b_lora"):
+        recipe = get(name)
+        cfg = apply_overrides(recipe.config(), [f"checkpoint.pretrained_dir={folder_12b}"])
+        assert validate(cfg, recipe.cluster) == [], name
+        cfg.checkpoint.pretrained_dir = str(folder_1b)
+        fields = {p.field for p in validate(cfg, recipe.cluster)}
+        assert {"model.num_layers", "model.window_size", "model.rope_scaling"} <= fields, fields
+    ours = get("gemma3_12b_sft").config().model
+    assert model_override(folder_1b, ours) == gemma3_1b(seq_length=ours.seq_length)
