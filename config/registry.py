@@ -221,5 +221,6 @@ HF_FAMILIES: dict[str, HfFamily] = _by_name(
         "models.hf.qwen3_5_moe",
         "Qwen3.5 / 3.6 MoE, published folders: the language model",
     ),
+    HfFamily("Qwen3NextForCausalLM", "models.hf.qwen3_next", "Qwen3-Next (Gated DeltaNet, MoE)"),
     HfFamily("LlavaForConditionalGeneration", "models.hf.llava", "LLaVA (llava-hf, CLIP ViT)"),
 )

@@ -23,8 +23,8 @@ the layers i with (i + 1) % N == 0, so any other pattern is refused, naming the 
 
 The published folders hold a vision tower (`model.visual.*`) and one multi-token-prediction layer
 (`mtp.*`, which transformers neither loads nor runs): both are left out by name (`skipped`), kept
-aside by an import for the export. Qwen3-Next (Qwen3NextForCausalLM) lays its in_proj out per key
-head group and is not mapped here.
+aside by an import for the export. Qwen3-Next lays its in_proj out per key head group:
+models/hf/qwen3_next.py.
 """
 
 from __future__ import annotations
@@ -233,16 +233,23 @@ def gated_delta_net(model: ModelConfig, meg: str, hf: str) -> dict[str, Node]:
 
 
 MlpMap = Callable[[int, str, str], dict[str, Node]]
+MixerMap = Callable[[ModelConfig, str, str], dict[str, Node]]
 
 
 def hybrid_weights(
-    model: ModelConfig, padded_vocab: int, names: set[str] | None, meg: str, mlp: MlpMap
+    model: ModelConfig,
+    padded_vocab: int,
+    names: set[str] | None,
+    meg: str,
+    mlp: MlpMap,
+    linear: MixerMap = gated_delta_net,
 ) -> dict[str, Node]:
-    """The whole map: Gated DeltaNet or gated attention per layer, then `mlp(i, meg, hf)`."""
+    """The whole map: `linear` (Gated DeltaNet) or gated attention per layer, then
+    `mlp(i, meg, hf)`."""
     hf = prefix(names)
 
     def layer(i: int, m: str, h: str) -> dict[str, Node]:
-        mixer = gated_delta_net if linear_layer(model, i) else gated_attention
+        mixer = linear if linear_layer(model, i) else gated_attention
         return mixer(model, m, h) | mlp(i, m, h)
 
     # The embedding and final norm sit under the same prefix, lm_head at the top in both.

@@ -71,6 +71,19 @@ def matches(model: ModelConfig) -> bool:
     )
 
 
+def moe_layer(model: ModelConfig, names: set[str] | None, m: str, h: str) -> dict[str, Node]:
+    """One MoE MLP: router, experts (per expert, or fused when the folder's names say so), the
+    shared expert and its gate. Qwen3-Next's are the same (models/hf/qwen3_next.py)."""
+    norm, experts = f"{h}.post_attention_layernorm.weight", f"{h}.mlp.experts"
+    out = gpt.moe_mlp(model, m, norm, f"{h}.mlp.gate.weight", experts + ".{}")
+    if names is not None and f"{experts}.gate_up_proj" in names:
+        out[f"{m}.mlp.experts.experts.linear_fc1.weight"] = tensor(f"{experts}.gate_up_proj")
+        out[f"{m}.mlp.experts.experts.linear_fc2.weight"] = tensor(f"{experts}.down_proj")
+    out |= gpt.shared_experts(m, f"{h}.mlp.shared_expert")
+    out[f"{m}.mlp.shared_experts.gate_weight"] = tensor(f"{h}.mlp.shared_expert_gate.weight")
+    return out
+
+
 def weights(
     model: ModelConfig,
     padded_vocab: int,
@@ -81,14 +94,7 @@ def weights(
     """`names`: the folder's tensor names (its prefix, and fused or per-expert experts)."""
 
     def mlp(i: int, m: str, h: str) -> dict[str, Node]:
-        norm, experts = f"{h}.post_attention_layernorm.weight", f"{h}.mlp.experts"
-        out = gpt.moe_mlp(model, m, norm, f"{h}.mlp.gate.weight", experts + ".{}")
-        if names is not None and f"{experts}.gate_up_proj" in names:
-            out[f"{m}.mlp.experts.experts.linear_fc1.weight"] = tensor(f"{experts}.gate_up_proj")
-            out[f"{m}.mlp.experts.experts.linear_fc2.weight"] = tensor(f"{experts}.down_proj")
-        out |= gpt.shared_experts(m, f"{h}.mlp.shared_expert")
-        out[f"{m}.mlp.shared_experts.gate_weight"] = tensor(f"{h}.mlp.shared_expert_gate.weight")
-        return out
+        return moe_layer(model, names, m, h)
 
     return qwen3_5.hybrid_weights(model, padded_vocab, names, meg, mlp)
 

@@ -329,6 +329,8 @@ class _FastDerived:
             return None, ()
         chunks, per_rank = split
         etp = shape.etp or shape.tp
+        if world % (etp * shape.ep * shape.pp):  # expert layers cannot regroup these ranks
+            return None, ()
         key = (*where, recompute)
         if key not in self.loads:
             first = layers.first_moe_layer(m)

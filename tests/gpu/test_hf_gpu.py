@@ -20,6 +20,8 @@ from tests.smoke.test_hf_layouts import (
     assert_loaded_as_saved,
     deepseek_v3,
     llama,
+    qwen3_5,
+    qwen3_5_moe,
     qwen3_moe,
     tensors,
 )
@@ -45,6 +47,16 @@ def test_a_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path: Path, make) -> 
     assert main(["export", str(tmp_path / "run" / "checkpoints"), str(out)]) == 0
     assert_loaded_as_saved(tensors(folder), tensors(out), make.__name__)
     transformers.AutoModelForCausalLM.from_pretrained(out)
+
+
+@pytest.mark.parametrize("make", [qwen3_5, qwen3_5_moe], ids=lambda f: f.__name__)
+def test_a_qwen3_5_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path: Path, make) -> None:  # noqa: ANN001
+    """Gated DeltaNet on the GPU: Megatron-Core's hybrid spec with Transformer Engine (its input
+    norm fused into in_proj, the gated output norm kept plain) and fla's Triton kernels."""
+    pytest.importorskip(
+        "fla", reason="flash-linear-attention (Gated DeltaNet's kernels) is missing"
+    )
+    test_a_folder_loads_into_the_gpu_model_bit_for_bit(tmp_path, make)
 
 
 def test_lora_on_one_gpu_trains_adapters_that_peft_loads(tmp_path: Path) -> None:

@@ -175,3 +175,34 @@ def test_the_published_vision_language_folder_trains_its_language_model(tmp_path
     model = model_from_hf(tmp_path / "hf", SEQ)
     assert (model.num_layers, model.linear_attention_freq) == (8, 4)
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
+
+
+def tiny_next(folder: Path) -> torch.nn.Module:
+    """A tiny Qwen3-Next: Gated DeltaNet's projections fused per key head, a dense first layer.
+    Every token goes to every expert (top 4 of 4): with top 2, rounding flips one token's choice
+    in this draw (positions 52-55 of a row then differ by 1e-3), which says nothing of the map;
+    the experts still weigh by the router's softmax."""
+    config = transformers.Qwen3NextConfig(
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=4,
+        mlp_only_layers=[0],
+        **SIZES,
+    )
+    return save(transformers.Qwen3NextForCausalLM, config, folder)
+
+
+def test_qwen3_next_logits_match_and_export_is_bit_for_bit(tmp_path: Path) -> None:
+    from recipes.cli import main
+    from training.hf.convert import iter_tensors
+
+    reference = tiny_next(tmp_path / "hf")
+    assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert main(["export", str(tmp_path / "imported"), str(tmp_path / "back")]) == 0
+    original, back = dict(iter_tensors(tmp_path / "hf")), dict(iter_tensors(tmp_path / "back"))
+    assert sorted(back) == sorted(original)
+    for name, value in original.items():
+        assert torch.equal(back[name], value), name

@@ -234,3 +234,13 @@ def test_lora_prices_frozen_weights_at_two_thirds_of_the_gemm_time() -> None:
     b = layer_costs(lora, H100, derive(lora, H100))
     for part in ("dense", "moe", "output"):
         assert getattr(b, part)["gemm"] == pytest.approx(getattr(a, part)["gemm"] * 2 / 3)
+
+
+def test_pinned_experts_that_leave_no_expert_data_parallel_rank_are_skipped(capsys) -> None:  # noqa: ANN001
+    """EP 4 pinned on one 8-GPU node: the planner's candidates with PP x EP x ETP beyond the world
+    (no expert-data-parallel rank) are passed over, not divided by (they raised
+    ZeroDivisionError), and the check still suggests layouts that fit."""
+    pinned = ["parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=4"]
+    code = main(["check", "qwen3_30b_a3b_pretrain", "--nodes", "1", *pinned])
+    assert code == 3
+    assert "predicted to fit with" in capsys.readouterr().out
