@@ -108,6 +108,36 @@ def test_logits_match_transformers(tmp_path: Path) -> None:
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
 
 
+def test_packed_rows_match_each_sample_alone(tmp_path: Path) -> None:
+    """Packed SFT rows (samples of 10, 15 and 7 tokens in a row of 32, kept apart by the
+    block-diagonal mask of models/gpt.py) through the torch attention with sinks and the window:
+    each sample's logits are transformers' for that sample alone. RoPE and YaRN rotate by relative
+    position, so a sample's offset in the row does not matter."""
+    from models.gpt import attention_mask
+    from models.specs import SdpaAttention
+    from training.checkpoint.state import model_chunks
+
+    reference = save(tiny_config(), tmp_path / "hf")
+    trainer = engine_from_hf(hf_config(tmp_path / "hf", tmp_path / "run"), tmp_path / "run")
+    try:
+        chunk = model_chunks(trainer.model)["model"].eval()
+        layers = chunk.decoder.layers
+        assert all(type(x.self_attention.core_attention) is SdpaAttention for x in layers)
+        lengths = [10, 15, 7]
+        segments = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+        segments = segments.unsqueeze(0).expand(2, -1)
+        positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).expand(2, -1)
+        with torch.no_grad():
+            ours = chunk(TOKENS, positions, attention_mask(segments))[..., :VOCAB]
+            start = 0
+            for n in lengths:
+                theirs = reference(TOKENS[:, start : start + n]).logits
+                torch.testing.assert_close(ours[:, start : start + n], theirs, rtol=1e-5, atol=1e-5)
+                start += n
+    finally:
+        trainer.close()
+
+
 @pytest.mark.parametrize(
     "change",
     [
