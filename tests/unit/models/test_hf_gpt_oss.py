@@ -398,3 +398,42 @@ def test_config_json_written_without_an_origin_reads_back(name: str) -> None:
     assert config.sliding_window == 128 and config.rope_parameters["truncate"] is False
     back = gpt_oss.to_model(config.to_dict(), set())
     assert {f: getattr(back, f) for f in ARCH_FIELDS} == {f: getattr(model, f) for f in ARCH_FIELDS}
+
+
+def published_folder(folder: Path) -> Path:
+    """The published gpt-oss-20b folder as the checker reads it: its config.json (MXFP4 experts)
+    and safetensors headers (one expert tensor's blocks and scales stand for them all)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(GPT_OSS_20B_CONFIG))
+    experts = "model.layers.0.mlp.experts.gate_up_proj"
+    tensors = {
+        f"{experts}_blocks": torch.zeros(1, 1, 1, 16, dtype=torch.uint8),
+        f"{experts}_scales": torch.zeros(1, 1, 1, dtype=torch.uint8),
+    }
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def test_the_recipes_take_the_published_folder(tmp_path: Path) -> None:
+    """gpt_oss_20b_sft takes the published (MXFP4) folder as its pretrained_dir; a field that
+    differs is named; `model=<folder>` on another recipe takes GPT-OSS's architecture and meets
+    Megatron-Core's rule on expert biases (ETP 1), named with its fix."""
+    from config.rules import validate
+    from recipes.registry import resolve
+
+    folder = published_folder(tmp_path / "gpt-oss-20b")
+    recipe, cfg = resolve("gpt_oss_20b_sft", [f"checkpoint.pretrained_dir={folder}"])
+    assert validate(cfg, recipe.cluster) == []
+    recipe, cfg = resolve(
+        "gpt_oss_20b_sft", [f"checkpoint.pretrained_dir={folder}", "model.window_size=128"]
+    )
+    [problem] = validate(cfg, recipe.cluster)
+    assert problem.field == "model.window_size" and "has 127" in problem.message
+    recipe, cfg = resolve(
+        "qwen3_8b_sft", [f"model={folder}", f"checkpoint.pretrained_dir={folder}"]
+    )
+    assert cfg.model.softmax_type == "learnable" and cfg.model.num_moe_experts == 32
+    fields = [p.field for p in validate(cfg, recipe.cluster)]
+    assert fields == ["model.add_bias_linear"]  # ETP defaults to TP (4 in that recipe)
