@@ -220,9 +220,10 @@ class SdpaAttention(MegatronModule):
         self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
     ) -> Any:
         """The sinks, sharded over TP by head as Megatron-Core's attentions shard them."""
-        state = {} if self.softmax_offset is None else self.state_dict(prefix="", keep_vars=True)
+        if self.softmax_offset is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
         return make_sharded_tensors_for_checkpoint(
-            state,
+            self.state_dict(prefix="", keep_vars=True),
             prefix,
             {"softmax_offset": 0},
             sharded_offsets,
