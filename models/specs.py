@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
     get_linear_attention_pattern,
@@ -55,7 +55,10 @@ from megatron.core.transformer.transformer_block import (
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-from megatron.core.transformer.utils import is_layer_window_attention
+from megatron.core.transformer.utils import (
+    is_layer_window_attention,
+    make_sharded_tensors_for_checkpoint,
+)
 from megatron.core.utils import divide
 
 from config.backend import local_layers
@@ -164,6 +167,13 @@ class SdpaAttention(MegatronModule):
 
     Takes Megatron's layout ([seq, batch, heads, head_dim] for q, k, v; key/value with
     num_query_groups heads for GQA) and returns [seq, batch, heads * v_head_dim].
+
+    GPT-OSS's attention runs here too, with or without packed rows' mask: a sliding window on the
+    layers Megatron-Core windows (window_size, window_attn_skip_freq: the (left, right) window
+    ANDed with the causal or packed mask), and learnable sinks (softmax_type "learnable": a logit
+    per head in each softmax's denominator, `softmax_offset` as Megatron-Core names and shards
+    it). SDPA's kernels have no sinks, so attention with sinks is computed in torch, the softmax in
+    FP32; without sinks the window is one more mask for SDPA.
     """
 
     def __init__(
@@ -202,12 +212,76 @@ class SdpaAttention(MegatronModule):
         self.dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
-        # Tokens before the query that a sliding-window layer sees (window_size (left, 0)); None on
-        # layers that attend over the whole sequence. Megatron-Core's local DotProductAttention
-        # builds its window mask on "cuda" and drops a mask of the batch's own.
-        window = config.window_size
-        local = is_layer_window_attention(window, config.window_attn_skip_freq, self.layer_number)
-        self.window = window[0] if local and window is not None else None
+        windowed = is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, self.layer_number
+        )
+        self.window = config.window_size if windowed else None
+        self.tp_group = (
+            pg_collection.tp
+            if pg_collection is not None
+            else parallel_state.get_tensor_model_parallel_group()
+        )
+        self.softmax_offset: torch.nn.Parameter | None = None
+        if config.softmax_type == "learnable":
+            self.softmax_offset = torch.nn.Parameter(
+                torch.empty(self.num_heads_per_partition, dtype=config.params_dtype)
+            )
+            if config.perform_initialization:
+                config.init_method(self.softmax_offset)
+
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+    ) -> Any:
+        """The sinks, sharded over TP by head as Megatron-Core's attentions shard them."""
+        if self.softmax_offset is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True),
+            prefix,
+            {"softmax_offset": 0},
+            sharded_offsets,
+            tp_group=self.tp_group,
+            dp_cp_group=(metadata or {}).get("dp_cp_group"),
+        )
+
+    def _kept(
+        self, mask: torch.Tensor | None, causal: bool, sq: int, sk: int, device: torch.device
+    ) -> torch.Tensor:
+        """The attended positions (True) of an explicit mask, or the causal ones, within the
+        window: key j is seen by query i when i - left <= j <= i + right."""
+        rows = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+        cols = torch.arange(sk, device=device).unsqueeze(0)
+        kept = mask if mask is not None else (cols <= rows if causal else torch.ones_like(cols > 0))
+        if self.window is not None:
+            left, right = self.window
+            inside = torch.ones_like(cols >= rows)
+            if left >= 0:
+                inside = inside & (cols >= rows - left)
+            if right >= 0:
+                inside = inside & (cols <= rows + right)
+            kept = kept & inside
+        return kept
+
+    def _with_sinks(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kept: torch.Tensor,
+        p: float,
+        offset: torch.Tensor,
+    ) -> torch.Tensor:
+        """softmax([scores, sink]) without the sink's column, times the values ([b, h, s, d])."""
+        if k.size(1) != q.size(1):  # GQA: each group's key and value for its heads
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+            v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.softmax_scale
+        scores = scores.masked_fill(~kept, float("-inf"))
+        sink = offset.float().reshape(1, -1, 1, 1)
+        sink = sink.expand(scores.size(0), -1, scores.size(2), 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        probs = F.dropout(probs, p=p, training=p > 0).to(v.dtype)
+        return torch.matmul(probs, v)
 
     def forward(
         self,
@@ -229,37 +303,37 @@ class SdpaAttention(MegatronModule):
         if attention_mask is not None:
             mask = ~attention_mask  # Megatron marks the masked-out positions, SDPA the kept ones
         causal = mask is None and mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
-        if self.window is not None:  # causal, and no further back than the window
-            q_pos = torch.arange(q.size(2), device=q.device)[:, None]
-            k_pos = torch.arange(k.size(2), device=q.device)[None, :]
-            near = (k_pos <= q_pos) & (k_pos >= q_pos - self.window)
-            mask, causal = near if mask is None else mask & near, False
         dropout = self.dropout_p if self.training else 0.0
         rng = (
             tensor_parallel.get_cuda_rng_tracker().fork()
             if dropout > 0 and not self.config.sequence_parallel
             else contextlib.nullcontext()
         )
+        if self.window is not None or self.softmax_offset is not None:
+            kept = self._kept(mask, causal, q.size(2), k.size(2), q.device)
+            mask, causal = kept, False
         with rng:
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout,
-                is_causal=causal,
-                scale=self.softmax_scale,
-                enable_gqa=q.size(1) != k.size(1),
-            )
+            if self.softmax_offset is not None:
+                out = self._with_sinks(q, k, v, kept, dropout, self.softmax_offset)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q,
+                    k,
+                    v,
+                    attn_mask=mask,
+                    dropout_p=dropout,
+                    is_causal=causal,
+                    scale=self.softmax_scale,
+                    enable_gqa=q.size(1) != k.size(1),
+                )
         # [b, h, s, d] -> [s, b, h * d]
         return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
 
 
 def _sdpa_can_run(config: TransformerConfig) -> bool:
-    """SDPA covers vanilla softmax, causal sliding windows included; anything else keeps the
-    spec's own core attention."""
-    window = config.window_size
-    return config.softmax_type == "vanilla" and (window is None or window[1] == 0)
+    """SdpaAttention covers vanilla softmax and learnable sinks, with or without sliding windows;
+    the off-by-one softmax keeps the local spec's attention."""
+    return config.softmax_type in ("vanilla", "learnable")
 
 
 def _swap_core_attention(
@@ -274,8 +348,8 @@ def _swap_core_attention(
     if not _sdpa_can_run(config):
         if masked:
             raise ValueError(
-                "packed SFT rows need the SDPA core attention, which has no window looking "
-                "ahead or non-vanilla softmax; set data.sequence_packing=false"
+                "packed SFT rows need the SDPA core attention, which has no off-by-one softmax; "
+                "set data.sequence_packing=false"
             )
         return  # the spec's own attention
     if backend == "te" and not masked:

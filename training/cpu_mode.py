@@ -82,8 +82,6 @@ _MODULES: dict[str, str] = {
     "megatron.core.utils": "global memory buffer on current_device(); the fallback l2 norm of "
     'gradient clipping (no apex / TE) returns its result on "cuda"',
     "megatron.core.transformer.utils": 'causal masks on "cuda" (local DotProductAttention)',
-    "megatron.core.transformer.dot_product_attention": "the learnable softmax offset (attention "
-    "sinks) on current_device()",
     "megatron.core.transformer.multi_token_prediction": "MTP loss trackers on current_device()",
     "megatron.core.transformer.moe.router": "aux-loss and token-count tensors on current_device()",
     "megatron.core.ssm.gated_delta_net.common": "Gated DeltaNet's conv1d, dt_bias and A_log "

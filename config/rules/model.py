@@ -6,13 +6,7 @@ from config.backend import local_layers, run_device
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
-from config.schema import (
-    RECOMPUTE_MODULES,
-    ModelConfig,
-    TrainingConfig,
-    masks_packed_rows,
-    selective_modules,
-)
+from config.schema import RECOMPUTE_MODULES, ModelConfig, TrainingConfig, selective_modules
 from config.tree import not_one_of
 
 
@@ -250,9 +244,8 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
 
     Megatron-Core windows layer i (from 1) unless i % window_attn_skip_freq == 0, and reads the
     frequency only with a window (transformer/utils.py is_layer_window_attention): a frequency
-    alone, or of 1 (no layer windowed), would be ignored without a word. Packed SFT rows attend
-    through the SDPA core attention with their block-diagonal mask (models/specs.py), which
-    applies a causal window too but has no sinks: models/specs.py refuses to build that.
+    alone, or of 1 (no layer windowed), would be ignored without a word. (Packed SFT rows take
+    windows and sinks too: models/specs.py SdpaAttention applies them with the rows' mask.)
     """
     m = cfg.model
     out = []
@@ -271,16 +264,6 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
                 "model.window_attn_skip_freq",
                 "is 1: every layer would attend in full and model.window_size go unused; use 2 "
                 "or more (2: windowed and full layers alternate), or unset model.window_size",
-            )
-        )
-    if masks_packed_rows(cfg) and m.softmax_type != "vanilla":
-        out.append(
-            Problem(
-                "data.sequence_packing",
-                f"is true, and this model has attention sinks (model.softmax_type="
-                f"{m.softmax_type}): packed rows attend through the SDPA core attention with "
-                "their own mask (a causal window too), which has no sinks; set "
-                "data.sequence_packing=false",
             )
         )
     return out

@@ -2,8 +2,9 @@
 
 Fine-tuning follows Megatron-Bridge's recipes/gpt_oss/gpt_oss.py `gpt_oss_20b_finetune_config`
 (full SFT: TP1 PP1 EP8, lr 5e-6; LoRA: TP1 PP1 EP1, lr 1e-4; seq 2048, GBS 128, MBS 1, unpacked
-rows: packing is refused there too, as here, since packed rows' SDPA attention has no sinks or
-windows). The 120B pretraining run is the H100 row of Megatron-Bridge's performance configs
+rows, which Megatron-Bridge requires for GPT-OSS). Packed rows run here too
+(data.sequence_packing=true), but their attention is models/specs.py's torch attention with sinks,
+not Transformer Engine's fused one: slower on GPUs. The 120B pretraining run is the H100 row of Megatron-Bridge's performance configs
 (scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py). Every recipe keeps the
 experts' tensors whole (ETP 1): Megatron-Core supports the experts' biases only so.
 
@@ -37,7 +38,7 @@ def _sft(parallel: ParallelConfig) -> TrainingConfig:
         pretrained_dir=GPT_OSS_20B_HF,  # placeholder: a Hugging Face folder or a checkpoint
         global_batch_size=128,
     )
-    cfg.data.sequence_packing = False  # sinks and windows: see the module docstring
+    cfg.data.sequence_packing = False  # as Megatron-Bridge: see the module docstring
     return cfg
 
 
@@ -73,7 +74,7 @@ def gpt_oss_20b_lora() -> TrainingConfig:
     cfg = lora(cfg, rank=32, alpha=32)
     # The experts are not adapted (training/lora.py): every MLP here is a routed expert.
     cfg.peft.target_modules = "linear_qkv,linear_proj"
-    cfg.data.sequence_packing = False  # lora() packs; sinks and windows refuse it
+    cfg.data.sequence_packing = False  # lora() packs; unpacked as Megatron-Bridge
     return cfg
 
 

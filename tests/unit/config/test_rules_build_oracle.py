@@ -391,15 +391,14 @@ SFT_PACKED = (
 
 def test_gpt_oss_layers_build_as_published() -> None:
     """The MoE base (TP 2 with SP, EP 4) with GPT-OSS's attention and experts: both sides accept
-    it, and Megatron-Core windows layers 1 and 3 (from 1) only, keeps each TP rank's share of the
-    sinks, and gives the router and the experts their biases."""
+    it, layers 1 and 3 (from 1) only are windowed, each TP rank keeps its share of the sinks, and
+    the router and the experts get their biases."""
     cfg = apply_overrides(moe_base(), list(GPT_OSS))
     assert problems(cfg) == []
     [chunk] = megatron_build.build(cfg, H100x8)[0]
     layers = chunk.decoder.layers
-    windows = [
-        layer.self_attention.core_attention.scale_mask_softmax.window_size for layer in layers
-    ]
+    # The oracle builds the local spec here (no Transformer Engine): SdpaAttention, the CPU's.
+    windows = [layer.self_attention.core_attention.window for layer in layers]
     assert windows == [(127, 0), None, (127, 0), None]
     for layer in layers:
         assert layer.self_attention.core_attention.softmax_offset.shape == (8 // 2,)  # heads / TP
@@ -417,13 +416,6 @@ def test_gpt_oss_layers_build_as_published() -> None:
         # Megatron-Core's TransformerConfig: "Bias in Moe is only supported when ETP==1".
         (("parallel.expert_tensor_parallel_size=2",), "model.add_bias_linear", "ETP==1"),
         (("parallel.expert_tensor_parallel_size=None",), "model.add_bias_linear", "ETP==1"),
-        # models/specs.py: packed rows attend through SDPA, which has no window or sinks.
-        (SFT_PACKED, "data.sequence_packing", "sequence_packing=false"),
-        (
-            (*SFT_PACKED, "model.window_size=None", "model.window_attn_skip_freq=None"),
-            "data.sequence_packing",
-            "sequence_packing=false",
-        ),
         # Stricter: Megatron-Core builds these and ignores the frequency.
         (("model.window_size=None",), "model.window_attn_skip_freq", None),
         (("model.window_attn_skip_freq=1",), "model.window_attn_skip_freq", None),
@@ -441,6 +433,15 @@ def test_gpt_oss_rules_match_megatron_core(
         assert megatron_says in (theirs or ""), theirs
 
 
-def test_gpt_oss_unpacked_sft_builds() -> None:
-    cfg = apply_overrides(moe_base(), [*GPT_OSS, *SFT_PACKED, "data.sequence_packing=false"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpt_oss_sft_builds_packed_or_not(packed: bool) -> None:
+    """Packed rows take the SDPA core attention with the rows' mask, which applies the window and
+    the sinks too (models/specs.py SdpaAttention): every layer gets it, with its sinks."""
+    cfg = apply_overrides(moe_base(), [*GPT_OSS, *SFT_PACKED, f"data.sequence_packing={packed}"])
     assert problems(cfg) == [] and megatron_build.refuses(cfg, H100x8) is None
+    if packed:
+        [chunk] = megatron_build.build(cfg, H100x8)[0]
+        for layer in chunk.decoder.layers:
+            attention = layer.self_attention.core_attention
+            assert type(attention) is specs.SdpaAttention
+            assert attention.softmax_offset is not None

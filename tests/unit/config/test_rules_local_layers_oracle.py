@@ -117,7 +117,7 @@ def test_each_layer_is_local_or_global_by_its_global_number(pp: int) -> None:
                 None if local_rope is None else round(float(local_rope.inv_freq[1]) ** -16),
             )
             assert attention.post_layernorm is not None and layer.mlp.post_layernorm is not None
-    local = (127, 10000)
+    local = ((127, 0), 10000)  # SdpaAttention.window: Megatron-Core's (left, right)
     assert seen == {1: local, 2: local, 3: (None, None), 4: local, 5: local, 6: (None, None)}
 
 

@@ -108,6 +108,36 @@ def test_logits_match_transformers(tmp_path: Path) -> None:
     assert_logits_match(reference, tmp_path / "hf", tmp_path / "run")
 
 
+def test_packed_rows_match_each_sample_alone(tmp_path: Path) -> None:
+    """Packed SFT rows (samples of 10, 15 and 7 tokens in a row of 32, kept apart by the
+    block-diagonal mask of models/gpt.py) through the torch attention with sinks and the window:
+    each sample's logits are transformers' for that sample alone. RoPE and YaRN rotate by relative
+    position, so a sample's offset in the row does not matter."""
+    from models.gpt import attention_mask
+    from models.specs import SdpaAttention
+    from training.checkpoint.state import model_chunks
+
+    reference = save(tiny_config(), tmp_path / "hf")
+    trainer = engine_from_hf(hf_config(tmp_path / "hf", tmp_path / "run"), tmp_path / "run")
+    try:
+        chunk = model_chunks(trainer.model)["model"].eval()
+        layers = chunk.decoder.layers
+        assert all(type(x.self_attention.core_attention) is SdpaAttention for x in layers)
+        lengths = [10, 15, 7]
+        segments = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+        segments = segments.unsqueeze(0).expand(2, -1)
+        positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).expand(2, -1)
+        with torch.no_grad():
+            ours = chunk(TOKENS, positions, attention_mask(segments))[..., :VOCAB]
+            start = 0
+            for n in lengths:
+                theirs = reference(TOKENS[:, start : start + n]).logits
+                torch.testing.assert_close(ours[:, start : start + n], theirs, rtol=1e-5, atol=1e-5)
+                start += n
+    finally:
+        trainer.close()
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -368,3 +398,42 @@ def test_config_json_written_without_an_origin_reads_back(name: str) -> None:
     assert config.sliding_window == 128 and config.rope_parameters["truncate"] is False
     back = gpt_oss.to_model(config.to_dict(), set())
     assert {f: getattr(back, f) for f in ARCH_FIELDS} == {f: getattr(model, f) for f in ARCH_FIELDS}
+
+
+def published_folder(folder: Path) -> Path:
+    """The published gpt-oss-20b folder as the checker reads it: its config.json (MXFP4 experts)
+    and safetensors headers (one expert tensor's blocks and scales stand for them all)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(GPT_OSS_20B_CONFIG))
+    experts = "model.layers.0.mlp.experts.gate_up_proj"
+    tensors = {
+        f"{experts}_blocks": torch.zeros(1, 1, 1, 16, dtype=torch.uint8),
+        f"{experts}_scales": torch.zeros(1, 1, 1, dtype=torch.uint8),
+    }
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def test_the_recipes_take_the_published_folder(tmp_path: Path) -> None:
+    """gpt_oss_20b_sft takes the published (MXFP4) folder as its pretrained_dir; a field that
+    differs is named; `model=<folder>` on another recipe takes GPT-OSS's architecture and meets
+    Megatron-Core's rule on expert biases (ETP 1), named with its fix."""
+    from config.rules import validate
+    from recipes.registry import resolve
+
+    folder = published_folder(tmp_path / "gpt-oss-20b")
+    recipe, cfg = resolve("gpt_oss_20b_sft", [f"checkpoint.pretrained_dir={folder}"])
+    assert validate(cfg, recipe.cluster) == []
+    recipe, cfg = resolve(
+        "gpt_oss_20b_sft", [f"checkpoint.pretrained_dir={folder}", "model.window_size=128"]
+    )
+    [problem] = validate(cfg, recipe.cluster)
+    assert problem.field == "model.window_size" and "has 127" in problem.message
+    recipe, cfg = resolve(
+        "qwen3_8b_sft", [f"model={folder}", f"checkpoint.pretrained_dir={folder}"]
+    )
+    assert cfg.model.softmax_type == "learnable" and cfg.model.num_moe_experts == 32
+    fields = [p.field for p in validate(cfg, recipe.cluster)]
+    assert fields == ["model.add_bias_linear"]  # ETP defaults to TP (4 in that recipe)
