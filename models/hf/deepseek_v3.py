@@ -42,45 +42,6 @@ def _mtp_layers(hf: dict[str, Any], names: set[str]) -> int | None:
     return count or None
 
 
-def _yarn(hf: dict[str, Any], fields: dict[str, Any]) -> None:
-    """Check that Megatron-Core's YaRN computes what transformers' does, adjusting `fields`.
-
-    transformers scales cos/sin by mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
-    both are set and non-zero, else by mscale(factor, 1); Megatron-Core always by the ratio, where
-    mscale(factor, 0) is 1. With mscale_all_dim 0 they agree once mscale is taken as 1
-    (transformers ignores it then); a non-zero mscale_all_dim without mscale has no Megatron-Core
-    equivalent, nor has an explicit attention_factor or truncate false.
-    """
-    if fields.get("rope_scaling") is None:
-        return
-    if fields["rope_scaling"] != "yarn":
-        raise ValueError(
-            f"config.json rope scaling {fields['rope_scaling']!r}: multi-latent attention is "
-            "modelled with plain RoPE or YaRN"
-        )
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
-    if params.get("attention_factor") is not None:
-        raise ValueError(
-            f"config.json rope_scaling.attention_factor={params['attention_factor']}: Megatron-Core's "
-            "YaRN derives it from mscale and mscale_all_dim"
-        )
-    if params.get("truncate", True) is False:
-        raise ValueError(
-            "config.json rope_scaling.truncate=false: Megatron-Core's YaRN rounds the correction "
-            "range to whole dimensions"
-        )
-    if not params.get("mscale_all_dim"):
-        fields["rope_mscale"] = 1.0  # transformers uses mscale 1 whatever the config says
-        fields["rope_mscale_all_dim"] = 0.0
-    elif not params.get("mscale"):
-        raise ValueError(
-            f"config.json rope_scaling.mscale={params.get('mscale')!r} with mscale_all_dim="
-            f"{params['mscale_all_dim']}: transformers then scales cos/sin by YaRN's default "
-            "mscale, which Megatron-Core's YaRN does not model (set mscale)"
-        )
-
-
 def _router(hf: dict[str, Any], topk: int, experts: int) -> dict[str, Any]:
     """The router's fields, refusing what Megatron-Core's sigmoid router computes differently."""
     scoring = hf.get("scoring_func", "sigmoid")
@@ -130,7 +91,12 @@ def to_model(hf: dict[str, Any], names: set[str]) -> ModelConfig:
             "channel pairs"
         )
     fields = gpt.rope(hf)
-    _yarn(hf, fields)
+    gpt.yarn(hf, fields, "multi-latent attention")
+    if not fields.get("rope_correction_range_round_to_int", True):
+        raise ValueError(
+            "config.json rope_scaling.truncate=false: Megatron-Core's YaRN in multi-latent "
+            "attention rounds the correction range to whole dimensions"
+        )
     experts = int(hf.get("n_routed_experts") or hf["num_local_experts"])
     topk = int(hf.get("num_experts_per_tok", 8))
     moe_ffn = hf["moe_intermediate_size"]

@@ -79,6 +79,44 @@ def rope(hf: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def yarn(hf: dict[str, Any], fields: dict[str, Any], family: str) -> None:
+    """Check that Megatron-Core's YaRN computes what transformers' does, adjusting `fields`
+    (`family` names the model in messages: "GPT-OSS", "multi-latent attention").
+
+    transformers scales cos/sin by mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+    both are set and non-zero, else by mscale(factor, 1); Megatron-Core always by the ratio, where
+    mscale(factor, 0) is 1. With mscale_all_dim 0 they agree once mscale is taken as 1
+    (transformers ignores it then); a non-zero mscale_all_dim without mscale has no Megatron-Core
+    equivalent, nor has an explicit attention_factor. `truncate` (true unless set) becomes
+    rope_correction_range_round_to_int, which multi-latent attention's YaRN cannot turn off (the
+    checker refuses it there).
+    """
+    if fields.get("rope_scaling") is None:
+        return
+    if fields["rope_scaling"] != "yarn":
+        raise ValueError(
+            f"config.json rope scaling {fields['rope_scaling']!r}: {family} is modelled with "
+            "plain RoPE or YaRN"
+        )
+    params = dict(hf.get("rope_scaling") or {})
+    params.update(hf.get("rope_parameters") or {})
+    if params.get("attention_factor") is not None:
+        raise ValueError(
+            f"config.json rope_scaling.attention_factor={params['attention_factor']}: Megatron-Core's "
+            "YaRN derives it from factor, mscale and mscale_all_dim"
+        )
+    if not params.get("mscale_all_dim"):
+        fields["rope_mscale"] = 1.0  # transformers uses mscale 1 whatever the config says
+        fields["rope_mscale_all_dim"] = 0.0
+    elif not params.get("mscale"):
+        raise ValueError(
+            f"config.json rope_scaling.mscale={params.get('mscale')!r} with mscale_all_dim="
+            f"{params['mscale_all_dim']}: transformers then scales cos/sin by YaRN's default "
+            "mscale, which Megatron-Core's YaRN does not model (set mscale)"
+        )
+    fields["rope_correction_range_round_to_int"] = bool(params.get("truncate", True))
+
+
 def rope_to_hf(model: ModelConfig) -> dict[str, Any]:
     """config.json's `rope_theta` and `rope_scaling` (the published transformers 4 form)."""
     out: dict[str, Any] = {"rope_theta": float(model.rotary_base)}

@@ -63,38 +63,6 @@ def _windows(hf: dict[str, Any]) -> dict[str, Any]:
     return {"window_size": window - 1, "window_attn_skip_freq": freq}
 
 
-def _yarn(hf: dict[str, Any], fields: dict[str, Any]) -> None:
-    """YaRN as transformers computes it for GPT-OSS, in Megatron-Core's fields (adjusts `fields`).
-
-    transformers scales cos/sin by mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
-    both are set and non-zero, else by mscale(factor, 1); Megatron-Core always by the ratio, with
-    mscale(factor, 0) = 1. GPT-OSS sets neither: mscale 1 and mscale_all_dim 0 give the same.
-    """
-    if fields.get("rope_scaling") is None:
-        return
-    if fields["rope_scaling"] != "yarn":
-        raise ValueError(
-            f"config.json rope scaling {fields['rope_scaling']!r}: GPT-OSS is modelled with YaRN "
-            "or plain RoPE"
-        )
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
-    if params.get("attention_factor") is not None:
-        raise ValueError(
-            f"config.json rope_scaling.attention_factor={params['attention_factor']}: Megatron-Core's "
-            "YaRN derives it from factor, mscale and mscale_all_dim"
-        )
-    if not params.get("mscale_all_dim"):
-        fields["rope_mscale"], fields["rope_mscale_all_dim"] = 1.0, 0.0
-    elif not params.get("mscale"):
-        raise ValueError(
-            f"config.json rope_scaling.mscale={params.get('mscale')!r} with mscale_all_dim="
-            f"{params['mscale_all_dim']}: transformers then scales cos/sin by YaRN's default "
-            "mscale, which Megatron-Core's YaRN does not model (set mscale)"
-        )
-    fields["rope_correction_range_round_to_int"] = bool(params.get("truncate", True))
-
-
 def to_model(hf: dict[str, Any], names: set[str]) -> ModelConfig:
     if not hf.get("attention_bias", True):
         raise ValueError(
@@ -114,7 +82,7 @@ def to_model(hf: dict[str, Any], names: set[str]) -> ModelConfig:
             "published checkpoints) are dequantized on import; use a BF16 copy of the model"
         )
     fields = gpt.decoder_fields(hf)
-    _yarn(hf, fields)
+    gpt.yarn(hf, fields, "GPT-OSS")
     topk = int(hf.get("num_experts_per_tok", 4))
     if topk == 1:
         raise ValueError(
