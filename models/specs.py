@@ -216,13 +216,15 @@ class SdpaAttention(MegatronModule):
             config.window_size, config.window_attn_skip_freq, self.layer_number
         )
         self.window = config.window_size if windowed else None
-        self.tp_group = (
-            pg_collection.tp
-            if pg_collection is not None
-            else parallel_state.get_tensor_model_parallel_group()
-        )
         self.softmax_offset: torch.nn.Parameter | None = None
         if config.softmax_type == "learnable":
+            # The sinks are sharded over TP by head (sharded_state_dict); nothing else here
+            # needs the group, so an attention built without model parallelism has none.
+            self.tp_group = (
+                pg_collection.tp
+                if pg_collection is not None
+                else parallel_state.get_tensor_model_parallel_group()
+            )
             self.softmax_offset = torch.nn.Parameter(
                 torch.empty(self.num_heads_per_partition, dtype=config.params_dtype)
             )
