@@ -65,6 +65,7 @@ class ShardRecord:
     skipped_empty: int = 0
     skipped_bad: int = 0
     bad: list[str] = field(default_factory=list)  # the first BAD_SHOWN, file:line: why
+    encoder: str = ""  # "word cache" or "tokenizers (why not the word cache)"
     seconds: float = 0.0
 
 
@@ -102,31 +103,65 @@ def finished(out: Path, name: str, shard: Shard, digest: str, settings: Settings
 
 
 # --- one shard, in a worker process ------------------------------------------------------------
-_TOKENIZER: Any = None  # this worker's tokenizer (_init)
-_PROGRESS: Any = None  # the queue of (bytes read, tokens written) to the parent's bar
+VERIFY_DOCS = 64  # a shard's first documents, encoded both ways when the word cache is used
+# Above this many threads a process's library encoder outruns the one-core word cache (about 3x
+# the library's speed per core: BENCHMARKS.md), so it takes the library's threads instead.
+WORD_CACHE_MAX_THREADS = 3
 
 
-def _init(settings: Settings, threads: int, progress: Any) -> None:
-    global _TOKENIZER, _PROGRESS
-    # The tokenizers library's thread pool: this process's share of the cores.
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+@dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """What a worker needs of the tokenizer, loaded once by the parent: the `tokenizers`
+    definition as transformers set it up (None where there is none: the worker loads the
+    folder itself), the end-of-document id and the vocabulary size."""
+
+    backend_json: str | None
+    eod: int
+    vocab_size: int
+
+
+def tokenizer_spec(settings: Settings) -> TokenizerSpec:
     from data.tokenizer import load_tokenizer
 
-    _TOKENIZER = load_tokenizer(settings.tokenizer)
-    _PROGRESS = progress
-
-
-def _encoder(tokenizer: Any) -> Any:
-    """texts -> id lists: the `tokenizers` backend without offsets (encode_batch_fast), the
-    same ids as transformers' call of the same tokenizer (tests hold them against it)."""
+    tokenizer = load_tokenizer(settings.tokenizer)
     backend = tokenizer.transformers_tokenizer
     rust = getattr(backend, "backend_tokenizer", None) if backend is not None else None
     rust = rust or getattr(tokenizer, "_backend", None)
-    fast = getattr(rust, "encode_batch_fast", None)
-    if fast is None:
-        return tokenizer.tokenize_batch
-    return lambda texts: [e.ids for e in fast(texts, add_special_tokens=True)]
+    text = rust.to_str() if hasattr(rust, "to_str") else None
+    return TokenizerSpec(text, tokenizer.eod, tokenizer.vocab_size)
+
+
+_ENCODE: Any = None  # this worker's encoders (_init)
+_PROGRESS: Any = None  # the queue of (bytes read, tokens written) to the parent's bar
+
+
+@dataclass(slots=True)
+class _Encoders:
+    spec: TokenizerSpec
+    library: Any  # texts -> id lists, by the `tokenizers` library (or transformers)
+    fast: Any  # the word cache (data/tools/word_cache.py), or None
+    why_not: str  # why there is no word cache
+
+
+def _init(spec: TokenizerSpec, settings: Settings, threads: int, progress: Any) -> None:
+    global _ENCODE, _PROGRESS
+    # The tokenizers library's thread pool: this process's share of the cores.
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    _PROGRESS = progress
+    if spec.backend_json is None:
+        from data.tokenizer import load_tokenizer
+
+        library = load_tokenizer(settings.tokenizer).tokenize_batch
+        _ENCODE = _Encoders(spec, library, None, "no tokenizers backend")
+        return
+    from tokenizers import Tokenizer
+
+    from data.tools.word_cache import library_encoder, word_encoder
+
+    backend = Tokenizer.from_str(spec.backend_json)
+    fast, why = word_encoder(backend) if threads <= WORD_CACHE_MAX_THREADS else (None, "")
+    _ENCODE = _Encoders(spec, library_encoder(backend), fast, why or f"{threads} threads a process")
 
 
 def tokenize_shard(job: tuple[Shard, str, str, Settings, str]) -> ShardRecord:
@@ -135,28 +170,41 @@ def tokenize_shard(job: tuple[Shard, str, str, Settings, str]) -> ShardRecord:
     from data.indexed import IndexedWriter
 
     shard, out, name, settings, digest = job
+    spec = _ENCODE.spec
     start = time.monotonic()
-    tokenizer = _TOKENIZER
-    encode = _encoder(tokenizer)
     prefix = f"shards/{name}"
     record = ShardRecord(
         source=shard.key(),
         prefix=prefix,
         tokenizer_sha256=digest,
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=spec.vocab_size,
         settings=asdict(settings),
     )
-    eod = [tokenizer.eod] if settings.append_eod else []
+    eod = [spec.eod] if settings.append_eod else []
+    encode = _ENCODE.fast or _ENCODE.library
+    record.encoder = "word cache" if _ENCODE.fast else f"tokenizers ({_ENCODE.why_not})"
+    unchecked = VERIFY_DOCS if _ENCODE.fast else 0
+    size, seen = record.source["size"], 0  # the input's bytes; characters read so far
 
     def flush(texts: list[str], writer: IndexedWriter) -> None:
-        docs = [ids + eod for ids in encode(texts) if ids]
+        nonlocal encode, unchecked, seen
+        ids = encode(texts)
+        if unchecked:  # the word cache's first documents against the library's
+            if ids[:unchecked] != _ENCODE.library(texts[:unchecked]):
+                encode = _ENCODE.library
+                record.encoder = "tokenizers (the word cache differed on this shard)"
+                ids = encode(texts)
+            unchecked = 0
+        docs = [ids + eod for ids in ids if ids]
         record.skipped_empty += len(texts) - len(docs)
         writer.add(docs)
         if _PROGRESS is not None:
-            _PROGRESS.put((0, writer.tokens - record.tokens))
+            read = min(sum(map(len, texts)), max(size - seen, 0))
+            seen += read
+            _PROGRESS.put((read, writer.tokens - record.tokens))
         record.tokens = writer.tokens
 
-    with IndexedWriter(Path(out) / prefix, tokenizer.vocab_size) as writer:
+    with IndexedWriter(Path(out) / prefix, spec.vocab_size) as writer:
         texts: list[str] = []
         try:
             for _, text in documents(shard, settings.text_key, settings.template):
@@ -180,8 +228,8 @@ def tokenize_shard(job: tuple[Shard, str, str, Settings, str]) -> ShardRecord:
         writer.finish()
     record.documents = writer.documents
     record.seconds = time.monotonic() - start
-    if _PROGRESS is not None:  # the bar counts a shard's bytes when it is done
-        _PROGRESS.put((record.source["size"], 0))
+    if _PROGRESS is not None:  # the rest of the shard's bytes (compressed, or multi-byte text)
+        _PROGRESS.put((max(size - seen, 0), 0))
     path = _record_path(Path(out), name)
     tmp = path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(asdict(record), indent=1) + "\n")
@@ -231,12 +279,13 @@ def run(
         return []
     procs = max(1, min(workers, len(todo)))
     threads = max(1, workers // procs)
+    spec = tokenizer_spec(p.settings)
     jobs = [(p.shards[i], str(p.out), p.names[i], p.settings, p.digest) for i in todo]
     total_bytes = sum(p.shards[i].path.stat().st_size for i in todo)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     bar = _Progress(total_bytes, len(todo), enabled=progress)
-    with ctx.Pool(procs, initializer=_init, initargs=(p.settings, threads, queue)) as pool:
+    with ctx.Pool(procs, initializer=_init, initargs=(spec, p.settings, threads, queue)) as pool:
         pending = pool.imap_unordered(tokenize_shard, jobs)
         try:
             for _ in _drain(pending, queue, bar):

@@ -107,6 +107,30 @@ def test_every_kind_of_file_gives_transformers_ids(hf_tokenizer: Path, corpus: t
     # An empty text is still its BOS: a document, as in Megatron-LM's tool.
     assert manifest["documents"] == len(expected) == 250 and manifest["skipped_empty"] == 0
     assert weights == [float(len(sum(_read(p), []))) for p in prefixes]  # by tokens
+    # Every shard went through the word cache (data/tools/word_cache.py): a byte-level BPE.
+    assert {r["encoder"] for r in manifest["shards"]} == {"word cache"}
+
+
+def test_a_word_cache_that_disagrees_gives_the_shard_to_the_library(
+    hf_tokenizer: Path, corpus: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard's first documents are encoded both ways; a difference hands the whole shard
+    to the library, whose ids are written, and its record says so."""
+    from data.tools import tokenize as tk
+
+    src, _ = corpus
+    settings = Settings(tokenizer=str(hf_tokenizer))
+    p = plan([str(src / "web" / "a.jsonl")], src.parent / "out", settings)
+    (p.out / "shards").mkdir(parents=True)
+    tk._init(tk.tokenizer_spec(settings), settings, 1, None)
+    job = (p.shards[0], str(p.out), p.names[0], settings, p.digest)
+    prefix = str(p.out / "shards" / p.names[0])
+    assert tk.tokenize_shard(job).encoder == "word cache"
+    right = _read(prefix)
+    monkeypatch.setattr(tk._ENCODE, "fast", lambda texts: [[3] for _ in texts])
+    record = tk.tokenize_shard(job)
+    assert record.encoder == "tokenizers (the word cache differed on this shard)"
+    assert _read(prefix) == right and record.tokens == sum(map(len, right))
 
 
 def test_the_writer_writes_megatron_cores_bytes(tmp_path: Path) -> None:
