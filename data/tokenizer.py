@@ -172,6 +172,27 @@ def load_tokenizer(path: str | Path, *, eod_token: str | None = None) -> LocalTo
     return _load_tokenizers_json(p, str(p), {}, eod_token)
 
 
+# tokenizer_config.json classes under which transformers runs tokenizer.json as written: their
+# ids are the bare `tokenizers` library's (model-named classes may rebuild the pipeline).
+PLAIN_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_plain_tokenizer(path: str | Path) -> LocalTokenizer | None:
+    """A folder's tokenizer without importing transformers (~6 CPU-seconds), where transformers
+    would run its tokenizer.json unchanged: a generic tokenizer class and no add_bos_token /
+    add_eos_token to rewrite the template; None otherwise (load_tokenizer then)."""
+    p = Path(path).expanduser()
+    config = p / "tokenizer_config.json"
+    if not (p.is_dir() and (p / "tokenizer.json").is_file() and config.is_file()):
+        return None
+    data = read_json(config)
+    if data.get("tokenizer_class") not in PLAIN_CLASSES or {"add_bos_token", "add_eos_token"} & set(
+        data
+    ):
+        return None
+    return _load_tokenizers_json(p / "tokenizer.json", str(p), _folder_special_tokens(p), None)
+
+
 def null_tokenizer(vocab_size: int) -> Any:
     """Megatron-Core's own null tokenizer for mock data: ids are the text, eod is vocab_size - 1."""
     from megatron.core.tokenizers import MegatronTokenizer

@@ -8,9 +8,12 @@ shard: a rerun skips the shards whose record matches, and redoes the others (a s
 partial files are removed first). When every shard is done, OUT/manifest.json lists them all
 and OUT/blend.json weighs them by their tokens (config/blend.py reads it as data.path).
 
-Work is spread over `workers` processes, one shard at a time each; where there are fewer shards
-than workers, each process's tokenizer runs that many threads (the `tokenizers` library's batch
-encoding). Nothing here imports torch or Megatron-Core: the files are written by
+Work is spread over `workers` processes, one shard at a time each. A byte-level BPE tokenizer is
+encoded by data/tools/word_cache.py (the library's BPE once per distinct word, about 3-6x the
+library's speed per core), checked against the library on each shard's first documents; other
+tokenizers by the `tokenizers` library, whose batch encoding runs a process's share of threads
+where there are fewer shards than workers. Nothing here imports torch or Megatron-Core, nor
+transformers where the folder's tokenizer.json is used as written: the files are written by
 data/indexed.py's IndexedWriter, in Megatron-Core's format.
 
 The ids are those of Megatron-LM's tools/preprocess_data.py with an HF tokenizer folder: the
@@ -121,9 +124,9 @@ class TokenizerSpec:
 
 
 def tokenizer_spec(settings: Settings) -> TokenizerSpec:
-    from data.tokenizer import load_tokenizer
+    from data.tokenizer import load_plain_tokenizer, load_tokenizer
 
-    tokenizer = load_tokenizer(settings.tokenizer)
+    tokenizer = load_plain_tokenizer(settings.tokenizer) or load_tokenizer(settings.tokenizer)
     backend = tokenizer.transformers_tokenizer
     rust = getattr(backend, "backend_tokenizer", None) if backend is not None else None
     rust = rust or getattr(tokenizer, "_backend", None)

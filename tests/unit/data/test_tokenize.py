@@ -307,3 +307,23 @@ def test_prepared_index_caches_are_the_ones_the_ranks_read(
     cfg.train.max_steps = 21  # another run's sample count: not prepared, so built
     with pytest.raises(AssertionError, match="Megatron built an index"):
         build_pretrain_datasets(cfg, tok, samples_needed(cfg, "train"), 0)
+
+
+def test_the_plain_load_gives_transformers_ids(hf_tokenizer: Path, tmp_path: Path) -> None:
+    """The parent skips transformers (6 CPU-seconds) only where transformers would run the
+    folder's tokenizer.json unchanged: same ids, end-of-document id and vocabulary."""
+    import shutil
+
+    from data.tokenizer import load_plain_tokenizer, load_tokenizer
+
+    plain, full = load_plain_tokenizer(hf_tokenizer), load_tokenizer(hf_tokenizer)
+    assert plain is not None and not plain.transformers_tokenizer
+    assert (plain.eod, plain.vocab_size) == (full.eod, full.vocab_size)
+    texts = [d["text"] for d in _docs(60, 4)] + ["", "<|endoftext|> the <s>"]
+    assert plain.tokenize_batch(texts) == full.tokenize_batch(texts)
+    for change in ({"tokenizer_class": "LlamaTokenizerFast"}, {"add_bos_token": True}):
+        folder = tmp_path / next(iter(change))
+        shutil.copytree(hf_tokenizer, folder)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps(config | change))
+        assert load_plain_tokenizer(folder) is None

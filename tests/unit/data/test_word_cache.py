@@ -20,7 +20,7 @@ from tokenizers import (
     trainers,
 )
 
-from data.tools.word_cache import BYTE_CHARS, GPT2_SPLIT, word_encoder
+from data.tools.word_cache import BYTE_CHARS, GPT2_SPLIT, ascii_pattern, word_encoder
 
 # Llama 3's and Qwen2's split expressions, as their tokenizer.json files publish them.
 LLAMA3_SPLIT = (
@@ -170,3 +170,27 @@ def test_a_letter_newer_than_pythons_unicode_is_left_to_the_library() -> None:
     encoder.backend = Spy()
     assert encoder([text, "Grüße"]) == [tok.encode(text).ids, tok.encode("Grüße").ids]
     assert asked == [text]
+
+
+@pytest.mark.parametrize(
+    "split", [GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT], ids=["gpt2", "llama3", "qwen2"]
+)
+def test_the_ascii_split_is_the_librarys(split: str) -> None:
+    """ASCII-only text takes stdlib `re` with ASCII classes: every ASCII character in the
+    contexts above, and random ASCII strings, split as the library splits them."""
+    import re
+
+    fast = re.compile(ascii_pattern(split)).findall
+    library = pre_tokenizers.Split(Regex(split), behavior="isolated")
+    rng = random.Random(3)
+    texts = [f"a{ch}b {ch}{ch} x{ch}\n{ch}'s 1{ch}2  {ch}" for ch in map(chr, range(128))]
+    pool = "".join(map(chr, range(128))) + "   \n\n\t'sSlLdD0123456789"
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(0, 60))) for _ in range(5000)]
+    for text in texts:
+        assert fast(text) == [w for w, _ in library.pre_tokenize_str(text)], repr(text)
+
+
+def test_the_ascii_pattern_refuses_what_it_cannot_translate() -> None:
+    assert ascii_pattern(r"\p{Lu}+|\s+") is None
+    assert ascii_pattern(r"[\S]+") is None
+    assert ascii_pattern(r"\w+") is None
