@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.published_table import TableRun, newest, split  # noqa: E402
+from bench.published_table import load as load_table  # noqa: E402
 from config.cost import steptime as perf  # noqa: E402
 from config.rules import derive  # noqa: E402
 from launchers.jobsize import JobSize, job_cluster  # noqa: E402
@@ -40,17 +42,26 @@ def matches(run: PublishedRun, p) -> bool:
     return (s.tp, s.pp, s.vpp, s.cp, s.ep, mbs) == run.layout
 
 
-def evaluate(run: PublishedRun, constants: dict[str, float]) -> dict:
+def evaluate(
+    run: PublishedRun | TableRun, constants: dict[str, float], ranked: bool = True
+) -> dict:
+    """The run's predicted tokens/s/GPU and error; with `ranked`, where the planner puts its
+    layout among its TOP best (None: not among them) and the planner's best."""
     recipe, cfg = resolve(run.recipe, run.overrides)
-    size = JobSize(nodes=max(1, run.gpus // 8), gpus_per_node=min(run.gpus, 8), gpu="h100")
+    gpu, per_node = getattr(run, "gpu", "h100"), getattr(run, "gpus_per_node", 8)
+    size = JobSize(
+        nodes=max(1, run.gpus // per_node), gpus_per_node=min(run.gpus, per_node), gpu=gpu
+    )
     cluster = job_cluster(recipe.cluster, None, size)
     step = perf.predict(cfg, cluster, derive(cfg, cluster), constants)
-    saved = dict(perf.VALUES)
-    perf.VALUES.update(constants)  # the planner prices with the module's table
-    try:
-        plans, _ = plan(cfg, cluster, top=TOP)
-    finally:
-        perf.VALUES.update(saved)
+    plans: list = []
+    if ranked:
+        saved = dict(perf.VALUES)
+        perf.VALUES.update(constants)  # the planner prices with the module's table
+        try:
+            plans, _ = plan(cfg, cluster, top=TOP)
+        finally:
+            perf.VALUES.update(saved)
     rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
     return {
         "run": run,
@@ -58,12 +69,71 @@ def evaluate(run: PublishedRun, constants: dict[str, float]) -> dict:
         "error": step.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu - 1,
         "rank": rank,
         "best": plans[0].shape.describe() if plans else "-",
+        "ranked": ranked,
         "bottleneck": step.bottleneck,
     }
 
 
-def table(constants: dict[str, float]) -> list[dict]:
-    return [evaluate(run, constants) for run in RUNS]
+def table(constants: dict[str, float], runs: list | None = None, ranked: bool = True) -> list[dict]:
+    """The rows of `runs` (default: tests/support/published_runs.py's RUNS)."""
+    return [evaluate(run, constants, ranked) for run in (RUNS if runs is None else runs)]
+
+
+def table_parts() -> tuple[list[TableRun], list[TableRun]]:
+    """bench/data/published_perf.csv's priced runs, newest per configuration: (calibration,
+    held out)."""
+    runs, _ = load_table()
+    return split(newest(runs))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            out[i] = float(rank)
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True)) / (n * (n * n - 1))
+
+
+def layout_orders(rows: list[dict]) -> list[tuple[str, int, float]]:
+    """Where NVIDIA published several layouts of one model on one GPU count, kind and precision:
+    (the group, its layouts, Spearman's rank correlation of predicted with published)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        run = r["run"]
+        groups.setdefault((run.model, run.system, run.gpus, run.precision), []).append(r)
+    out = []
+    for (model, system, gpus, precision), members in sorted(groups.items()):
+        if len({m["run"].layout for m in members}) >= 2:
+            rho = spearman(
+                [m["run"].tokens_per_s_per_gpu for m in members], [m["predicted"] for m in members]
+            )
+            out.append((f"{model}, {gpus} {system}, {precision}", len(members), rho))
+    return out
+
+
+def fit_loss(rows: list[dict]) -> float:
+    """What --table --search lowers on the calibration part: the median absolute error plus a
+    fifth of the mean (which the far-off runs move)."""
+    errors = [abs(r["error"]) for r in rows]
+    return statistics.median(errors) + 0.2 * statistics.mean(errors)
+
+
+def summary(rows: list[dict]) -> dict[str, float]:
+    errors = sorted(abs(r["error"]) for r in rows)
+    ranked = [r for r in rows if r["ranked"]]
+    top5 = sum(1 for r in ranked if r["rank"] is not None and r["rank"] <= 5)
+    return {
+        "runs": len(rows),
+        "median": statistics.median(errors),
+        "p90": errors[int(0.9 * (len(errors) - 1))],
+        "max": errors[-1],
+        "top5": top5 / len(ranked) if ranked else float("nan"),
+    }
 
 
 def loss(rows: list[dict]) -> float:
@@ -90,14 +160,43 @@ def show(rows: list[dict]) -> None:
     )
 
 
-def search(constants: dict[str, float], rounds: int) -> dict[str, float]:
-    best, best_loss = dict(constants), loss(table(constants))
+def show_table(rows: list[dict]) -> None:
+    print(
+        f"{'run':<40} {'GPUs':>5} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4}  bottleneck"
+    )
+    for r in sorted(rows, key=lambda r: r["run"].name):
+        name, share = r["bottleneck"]
+        rank = r["rank"] or f">{TOP}"
+        print(
+            f"{r['run'].name:<40} {r['run'].gpus:>5} {r['run'].tokens_per_s_per_gpu:>9,.0f} "
+            f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4}  {name} {share:.0%}"
+        )
+    s = summary(rows)
+    print(
+        f"{s['runs']} runs: median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, "
+        f"max {s['max']:.1%}; published layout in the top 5: {s['top5']:.0%}"
+    )
+
+
+def search(
+    constants: dict[str, float],
+    rounds: int,
+    runs: list | None = None,
+    only: list[str] | None = None,
+) -> dict[str, float]:
+    """Coordinate descent, one constant at a time by 10%: on RUNS (the loss above, ranks
+    included), or on `runs` (fit_loss, errors only)."""
+
+    def cost(k: dict[str, float]) -> float:
+        return loss(table(k)) if runs is None else fit_loss(table(k, runs, ranked=False))
+
+    best, best_loss = dict(constants), cost(constants)
     for _ in range(rounds):
         improved = False
-        for name in perf.VALUES:
+        for name in only or perf.VALUES:
             for factor in (0.9, 1.1):
                 trial = {**best, name: best[name] * factor}
-                trial_loss = loss(table(trial))
+                trial_loss = cost(trial)
                 if trial_loss < best_loss - 1e-4:
                     best, best_loss, improved = trial, trial_loss, True
                     print(f"{name} -> {trial[name]:.4g}  loss {best_loss:.4f}", flush=True)
@@ -106,14 +205,57 @@ def search(constants: dict[str, float], rounds: int) -> dict[str, float]:
     return best
 
 
+def speed(recipe: str = "deepseek_v3_pretrain_1024gpu_h100_fp8sc", repeat: int = 5) -> dict:
+    """The layout search's seconds (best of `repeat`, one process, one core) and layouts priced
+    per second, for the issue's case: DeepSeek-V3 on 1,024 GPUs."""
+    import time
+
+    recipe_obj, cfg = resolve(recipe, [])
+    cluster = job_cluster(recipe_obj.cluster, None, None)
+    best, priced = float("inf"), 0
+    for _ in range(repeat):
+        start = time.process_time()
+        _, priced = plan(cfg, cluster, top=5)
+        best = min(best, time.process_time() - start)
+    return {"recipe": recipe, "gpus": cluster.world_size, "seconds": best, "priced": priced,
+            "per_second": priced / best}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", help="name,name: the constants --search may move (default: all)")
+    parser.add_argument(
+        "--speed", action="store_true", help="time the DeepSeek-V3 1,024-GPU search"
+    )
     parser.add_argument("--set", nargs="*", default=[], help="name=value: try other constants")
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="bench/data/published_perf.csv: calibration and held out",
+    )
     args = parser.parse_args()
     constants = dict(perf.VALUES)
     constants.update({k: float(v) for k, v in (item.split("=") for item in args.set)})
+    if args.speed:
+        r = speed()
+        print(
+            f"{r['recipe']} on {r['gpus']} GPUs: {r['priced']} layouts priced in {r['seconds']:.3f} "
+            f"CPU-s ({r['per_second']:,.0f} layouts per second on one core)"
+        )
+        return
+    if args.table:
+        calibration, held_out = table_parts()
+        if args.search:  # fitted on the calibration part only
+            only = args.only.split(",") if args.only else None
+            constants = search(constants, args.rounds, calibration, only)
+            print({k: round(v, 6) for k, v in constants.items()})
+        for title, part in (("calibration", calibration), ("held out", held_out)):
+            rows = table(constants, part)
+            print(f"\n{title}:")
+            show_table(rows)
+        return
     if args.search:
         constants = search(constants, args.rounds)
         print({k: round(v, 4) for k, v in constants.items()})

@@ -131,6 +131,36 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=900,
             network_gb_s=50,
         ),
+        # Blackwell Ultra. GB300 NVL72 data sheet: per GPU 2.5 PF BF16, 5 PF FP8, 15 PF NVFP4
+        # dense (the rack's 360 / 720 PF sparse halved, 1,080 PF dense FP4, over 72 GPUs), 288 GB
+        # HBM3e at 8 TB/s, NVLink 5 (1.8 TB/s both ways), one ConnectX-8 (800 Gb/s) per GPU.
+        GpuSpec(
+            name="gb300",
+            hbm_gb_s=8000,
+            memory_gib=268.0,  # 288 GB; not read from torch: an estimate
+            bf16_tflops=2500.0,
+            fp8_tflops=5000.0,
+            fp4_tflops=15000.0,
+            fp8_blockwise=True,
+            mxfp8=True,
+            nvlink_domain=72,
+            nvlink_gb_s=900,
+            network_gb_s=100,
+        ),
+        # HGX B300 data sheet: 8 GPUs, 36 PF BF16 / 72 PF FP8 sparse (2.25 / 4.5 PF dense a GPU),
+        # 108 PF dense NVFP4 (13.5 a GPU), 2.1 TB HBM3e (~270 GB a GPU), ConnectX-8 800 Gb/s.
+        GpuSpec(
+            name="b300",
+            hbm_gb_s=8000,
+            memory_gib=250.0,  # ~270 GB; not read from torch: an estimate
+            bf16_tflops=2250.0,
+            fp8_tflops=4500.0,
+            fp4_tflops=13500.0,
+            fp8_blockwise=True,
+            mxfp8=True,
+            nvlink_gb_s=900,
+            network_gb_s=100,
+        ),
         # The HPC sites' 4-GPU nodes: GH200 (_GH200 above for its figures), and Leonardo's A100.
         _GH200,
         # 144 GB HBM3e at 4.9 TB/s (NVIDIA's GH200 data sheet), otherwise the gh200 above.

@@ -17,7 +17,34 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "calibrated on the FP8 runs of tests/support/published_runs.py (Llama 3 70B, 3.1 405B): "
         "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
     ),
-    "gemm_fp4": (0.55, "assumed below FP8's: no published NVFP4 run to calibrate on"),
+    "gemm_fp4": (
+        0.4,
+        "NVFP4 on Blackwell, of config/hardware.py's dense FP4 peak; fitted on the calibration "
+        "part of bench/data/published_perf.csv (bench/plan_calibration.py --table --search)",
+    ),
+    "gemm_mxfp8": (
+        0.568,
+        "MXFP8 on Blackwell, of the dense FP8 peak; fitted as gemm_fp4",
+    ),
+    "gemm_bf16_blackwell": (
+        0.77,
+        "BF16 on Blackwell (B200, GB200, B300, GB300), of the dense BF16 peak; fitted as gemm_fp4",
+    ),
+    "gemm_fp8_blackwell": (
+        0.47,
+        "FP8 with per-tensor (current) or blockwise scaling on Blackwell; fitted as gemm_fp4",
+    ),
+    "attention_blackwell": (
+        0.405,
+        "flash attention forward + backward on Blackwell (cuDNN's fused attention), of the dense "
+        "BF16 peak; fitted as gemm_fp4",
+    ),
+    "stage_overhead_s": (
+        7.9e-05,
+        "fixed seconds per model chunk and microbatch beyond its layers' own (its sends and "
+        "receives posted, the schedule's host work): priced so one layer per virtual stage is "
+        "not free; fitted as gemm_fp4",
+    ),
     "gemm_half_dim": (
         128.0,
         "the GEMM dimension at which a GEMM would lose half its rate (the rate falls as "
@@ -30,6 +57,11 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "an expert receives, take gemm_half_dim), which run far from cuBLAS's dense rate when "
         "narrow (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on "
         "Qwen3 30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
+    ),
+    "expert_half_dim_blackwell": (
+        2630.0,
+        "expert_half_dim on Blackwell, whose grouped GEMMs (TE's, on CUTLASS) run narrow experts "
+        "closer to the dense rate; fitted on the calibration part of bench/data/published_perf.csv",
     ),
     "attention_half_len": (
         512.0,

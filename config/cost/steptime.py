@@ -55,7 +55,7 @@ from config.cost import layers
 from config.cost.constants import CONSTANTS, VALUES  # noqa: F401 (CONSTANTS: the sources)
 from config.cost.memory import ParamCount, count_parameters, model_flops_per_token
 from config.finalize import Derived
-from config.hardware import Cluster
+from config.hardware import Cluster, GpuSpec
 from config.layout import warmup_forwards
 from config.schema import TrainingConfig, is_gated, selective_modules
 
@@ -109,9 +109,17 @@ def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[
     spec, recipe = cluster.spec, derived.preset.fp8_recipe
     if recipe == "nvfp4" and spec.fp4_tflops:
         return spec.fp4_tflops, "fp4"
+    if recipe == "mxfp8" and spec.mxfp8 and spec.fp8_tflops:
+        return spec.fp8_tflops, "mxfp8"
     if recipe and spec.fp8_tflops:
         return spec.fp8_tflops, "fp8"
     return spec.bf16_tflops, "bf16"
+
+
+def gemm_constant(kind: str, spec: GpuSpec) -> str:
+    """The CONSTANTS entry of a precision's GEMM rate on this GPU: Blackwell (the GPUs with
+    MXFP8 tensor cores) has its own for BF16 and FP8, fitted on its published runs apart."""
+    return f"gemm_{kind}_blackwell" if spec.mxfp8 and kind in ("bf16", "fp8") else f"gemm_{kind}"
 
 
 def layer_costs(
@@ -136,7 +144,8 @@ def layer_costs(
         """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
         return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
 
-    rate, bf16 = peak * k[f"gemm_{kind}"], spec.bf16_tflops * k["gemm_bf16"]
+    rate = peak * k[gemm_constant(kind, spec)]
+    bf16 = spec.bf16_tflops * k[gemm_constant("bf16", spec)]
     net = cluster.network * 1e9 * k["network"]
 
     def nvl(group: int) -> float:
@@ -156,7 +165,8 @@ def layer_costs(
         d_qk = d_v = layers.head_dim(m)
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
     attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
-    attention /= spec.bf16_tflops * 1e12 * k["attention"] / (1 + k["attention_half_len"] * c / s)
+    flash = k["attention_blackwell" if spec.mxfp8 else "attention"]
+    attention /= spec.bf16_tflops * 1e12 * flash / (1 + k["attention_half_len"] * c / s)
     tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
     # The CP ring: each step a send to the next peer only (one pair link in a mesh).
     cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) if c > 1 else 0.0
@@ -205,7 +215,8 @@ def layer_costs(
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
         flops = 6 * tokens * topk * layers.mlp(m, fe)[0] / t
-        experts = gemm(flops, per_expert, fe / et, h, rate, k["expert_half_dim"])
+        wide = k["expert_half_dim_blackwell" if spec.mxfp8 else "expert_half_dim"]
+        experts = gemm(flops, per_expert, fe / et, h, rate, wide)
         shared = gemm(6 * tokens * layers.mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0
@@ -435,6 +446,10 @@ def predict(
     nvl, net = cluster.nvlink(2) * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
     send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
     step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
+    # Each model chunk of a rank costs every microbatch a fixed time of its own beyond its
+    # layers' (two sends and receives to post, the schedule's host work per chunk): what makes
+    # one layer per virtual stage no free lunch.
+    step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
 
     # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
     # optimizer) or all-reduce (twice the bytes of a reduce-scatter); the last microbatch's

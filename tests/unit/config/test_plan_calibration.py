@@ -18,6 +18,12 @@ from config.cost import steptime as perf
 
 # Published layouts the planner ranks below 5th, and why; each is checked to stay in the table.
 KNOWN_MISSES = {
+    "Llama 3.1 405B FP8, 1024 GPUs": (
+        "ranks 6th since each model chunk costs every microbatch stage_overhead_s (fitted on "
+        "bench/data/published_perf.csv's calibration part): its PP8 x VP8 puts 8 chunks on a "
+        "rank, and the five layouts above it are predicted within 2% of it, closer than the "
+        "model's error; without that cost it ranked 5th"
+    ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "priced as published (DeepEP, the alltoall overlapped), the published layout is "
         "predicted within 4% and the planner's best layouts share its EP 64, the one that sends "

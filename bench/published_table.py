@@ -1,0 +1,226 @@
+"""bench/data/published_perf.csv, NVIDIA's published pretraining throughputs, as runs the step-time
+model can price: each row whose model has a preset here becomes a catalog recipe with the row's
+layout, precision, batch and sequence as overrides, on the row's GPUs.
+
+The table (one row per published figure, its source and commit in `source`) holds every public
+NVIDIA figure a session could find: Megatron-Bridge's performance summaries 25.09-26.08 and their
+archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07.
+`split()` divides the priced rows once, by a fixed seed, into a calibration part and a held-out
+part (a third): identical configurations (the same layout published by several releases) fall on
+the same side, so no held-out layout was seen in calibration.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TABLE = Path(__file__).resolve().parent / "data" / "published_perf.csv"
+SEED = 29  # the split's; never changed after the first fit
+HELD_OUT = 1 / 3
+BLACKWELL_SINCE = 25.09  # the first release whose Blackwell figures the model prices
+
+# The model names NVIDIA prints -> the catalog recipe whose model is that preset.
+RECIPES = {
+    "Llama 3 8B": "llama3_8b_pretrain",
+    "Llama 3.1 8B": "llama3_8b_pretrain",
+    "Llama 3 70B": "llama3_70b_pretrain",
+    "Llama 3.1 70B": "llama3_70b_pretrain",
+    "Llama 3.1 405B": "llama31_405b_pretrain",
+    "DeepSeek-V3": "deepseek_v3_pretrain",
+    "Qwen3 30B-A3B": "qwen3_30b_a3b_pretrain",
+    "GPT-OSS 120B": "gpt_oss_120b_pretrain",
+    "Mixtral 8x7B": "mixtral_8x7b_pretrain",
+}
+SYSTEMS = {  # system -> (GPU kind in config/hardware.py, GPUs per node)
+    "H100": ("h100", 8),
+    "H200": ("h200", 8),
+    "B200": ("b200", 8),
+    "B300": ("b300", 8),
+    "GB200": ("gb200", 4),
+    "GB300": ("gb300", 4),
+}
+PRECISIONS = {
+    "bf16": "bf16_mixed",
+    "fp8": "bf16_with_fp8_current_scaling_mixed",  # 26.x tables' "FP8" is current scaling
+    "fp8_cs": "bf16_with_fp8_current_scaling_mixed",
+    "fp8_ds": "bf16_with_fp8_delayed_scaling_mixed",
+    "fp8_mx": "bf16_with_mxfp8_mixed",
+    "fp8_sc": "bf16_with_fp8_subchannel_scaling_mixed",
+    "nvfp4": "bf16_with_nvfp4_mixed",
+}
+
+
+@dataclass(frozen=True)
+class TableRun:
+    id: str
+    model: str
+    system: str
+    gpus: int
+    precision: str
+    software: str
+    source: str
+    tokens_per_s_per_gpu: float
+    release: float  # the software's YY.MM (Megatron-Bridge, NeMo; dgxc: its tag's), e.g. 26.04
+    recipe: str
+    gpu: str
+    gpus_per_node: int
+    # TP, PP, VPP (None: none), CP, EP and MBS, as the planner names them.
+    layout: tuple[int, int, int | None, int, int, int]
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.id
+
+    @property
+    def config_key(self) -> tuple:
+        """What makes two rows the same configuration (the split keeps them together)."""
+        return (self.model.replace("3.1", "3"), self.system, self.gpus, self.precision,
+                self.layout, tuple(self.overrides))  # fmt: skip
+
+
+def _int(text: str, default: int | None = None) -> int | None:
+    return int(float(text)) if text.strip() else default
+
+
+def _notes_overrides(notes: str) -> list[str]:
+    """What the row's Megatron-Bridge performance recipe sets that the model prices."""
+    out = []
+    m = re.search(r"recompute_modules=\[([^\]]*)\]", notes)
+    modules = [x.strip(" '\"") for x in m.group(1).split(",") if x.strip()] if m else []
+    if modules:
+        out += [
+            "model.recompute_granularity=selective",
+            f"model.recompute_modules={','.join(modules)}",
+        ]
+    if "dispatcher='flex'" in notes:
+        out.append("model.moe_token_dispatcher_type=flex")
+        backend = "hybridep" if "hybridep" in notes.lower() else "deepep"
+        out.append(f"model.moe_flex_dispatcher_backend={backend}")
+    if "overlap_moe_expert_parallel_comm=True" in notes:
+        out.append("parallel.overlap_moe_expert_parallel_comm=true")
+    return out
+
+
+def why_refused(run: TableRun) -> str | None:
+    """The checker's refusal of the run as the row gives it (e.g. an EP larger than a pipeline
+    stage's ranks: a typo in the source, or a layout Megatron-Core cannot build), or None."""
+    from config.rules import derive
+    from config.tree import ConfigError
+    from launchers.jobsize import JobSize, job_cluster
+    from recipes.registry import resolve
+
+    try:
+        recipe, cfg = resolve(run.recipe, run.overrides)
+        size = JobSize(
+            nodes=run.gpus // run.gpus_per_node, gpus_per_node=run.gpus_per_node, gpu=run.gpu
+        )
+        derive(cfg, job_cluster(recipe.cluster, None, size))
+    except ConfigError as err:
+        return f"the checker refuses it: {str(err).splitlines()[0][:160]}"
+    return None
+
+
+def why_unpriced(row: dict[str, str]) -> str | None:
+    if row["model"] not in RECIPES:
+        return f"no preset of {row['model']} in models/presets"
+    if row["system"] not in SYSTEMS:
+        return f"no GPU kind for {row['system']}"
+    if not row["tokens_per_s_per_gpu"].strip() or not row["mbs"].strip():
+        return "no tokens/s or micro batch published (long-sequence table)"
+    if "PROXY" in row["notes"]:
+        return "a proxy with fewer layers than the model"
+    if row["precision"] not in PRECISIONS:
+        return f"precision {row['precision']}"
+    release = float(re.findall(r"(\d\d\.\d\d)", row["software"])[-1])
+    if row["system"] not in ("H100", "H200") and release < BLACKWELL_SINCE:
+        return (
+            f"Blackwell software before {BLACKWELL_SINCE}: DeepSeek-V3 on 256 GB200s ran 958 "
+            "tokens/s/GPU on NeMo 25.04 (dgxc v25.05.05), 3,454 on Megatron-Bridge 25.09"
+        )
+    return None
+
+
+def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str], str]]]:
+    """(the priced runs, [(row, why not priced)])."""
+    runs, skipped = [], []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            why = why_unpriced(row)
+            if why:
+                skipped.append((row, why))
+                continue
+            gpu, per_node = SYSTEMS[row["system"]]
+            gpus = int(row["gpus"])
+            tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
+            vp, ep, mbs = _int(row["vp"]), _int(row["ep"], 1), _int(row["mbs"], 1)
+            vp = vp if vp and vp > 1 else None
+            overrides = [
+                f"parallel.tensor_model_parallel_size={tp}",
+                f"parallel.sequence_parallel={str(tp > 1).lower()}",
+                f"parallel.pipeline_model_parallel_size={pp}",
+                f"parallel.virtual_pipeline_model_parallel_size={vp}",
+                f"parallel.context_parallel_size={cp}",
+                f"parallel.expert_model_parallel_size={ep}",
+                f"train.global_batch_size={_int(row['gbs'])}",
+                f"train.micro_batch_size={mbs}",
+                f"model.seq_length={_int(row['seq'])}",
+                f"precision={PRECISIONS[row['precision']]}",
+            ]
+            if row["etp"].strip():
+                overrides.append(f"parallel.expert_tensor_parallel_size={_int(row['etp'])}")
+            if row["fsdp"].strip() == "1":
+                overrides.append("parallel.use_megatron_fsdp=true")
+            overrides += _notes_overrides(row["notes"])
+            if row["model"] == "DeepSeek-V3" and "dispatcher=" not in row["notes"]:
+                # Megatron-Bridge's scripts/performance/run_script.py runs DeepSeek-V3 with
+                # DeepEP and the alltoall overlapped (A2A_1F1B) where its recipe says nothing.
+                overrides += [
+                    "model.moe_token_dispatcher_type=flex",
+                    "parallel.overlap_moe_expert_parallel_comm=true",
+                ]
+            run = TableRun(
+                id=row["id"],
+                model=row["model"],
+                system=row["system"],
+                gpus=gpus,
+                precision=row["precision"],
+                software=row["software"],
+                source=row["source"],
+                tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+                release=float(re.findall(r"(\d\d\.\d\d)", row["software"])[-1]),
+                recipe=RECIPES[row["model"]],
+                gpu=gpu,
+                gpus_per_node=min(per_node, gpus),
+                layout=(tp, pp, vp, cp, ep, mbs),
+                overrides=overrides,
+            )
+            refused = why_refused(run)
+            if refused:
+                skipped.append((row, refused))
+            else:
+                runs.append(run)
+    return runs, skipped
+
+
+def newest(runs: list[TableRun]) -> list[TableRun]:
+    """One run per configuration: the newest release's figure. The same layout on the same GPUs
+    sped up as much as 4x across releases (Qwen3 30B-A3B on 8 GB200s, 25.09 to 26.06); the
+    model prices today's software, so older figures of a layout stay in the table, unpriced."""
+    best: dict[tuple, TableRun] = {}
+    for r in runs:
+        if r.config_key not in best or r.release > best[r.config_key].release:
+            best[r.config_key] = r
+    return [r for r in runs if best[r.config_key] is r]
+
+
+def split(runs: list[TableRun]) -> tuple[list[TableRun], list[TableRun]]:
+    """(calibration, held out): whole configurations, a third of them held out, by SEED."""
+    keys = sorted({r.config_key for r in runs}, key=repr)
+    random.Random(SEED).shuffle(keys)
+    held = set(keys[: round(len(keys) * HELD_OUT)])
+    return [r for r in runs if r.config_key not in held], [r for r in runs if r.config_key in held]
