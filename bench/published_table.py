@@ -79,8 +79,8 @@ class TableRun:
     @property
     def config_key(self) -> tuple:
         """What makes two rows the same configuration (the split keeps them together)."""
-        return (self.model.replace("3.1", "3"), self.system, self.gpus, self.precision,
-                self.layout, tuple(self.overrides))  # fmt: skip
+        return (self.model.replace("3.1", "3"), self.system, self.gpus,
+                PRECISIONS[self.precision], self.layout, tuple(self.overrides))  # fmt: skip
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -104,6 +104,12 @@ def _notes_overrides(notes: str) -> list[str]:
     if "overlap_moe_expert_parallel_comm=True" in notes:
         out.append("parallel.overlap_moe_expert_parallel_comm=true")
     return out
+
+
+def release(software: str) -> float:
+    """YY.MM(.PP) of a software string as a number: "Megatron-Bridge 26.02.01 (...)" -> 26.0201."""
+    yy, mm, patch = re.findall(r"(\d\d)\.(\d\d)(?:\.(\d\d))?", software)[-1]
+    return int(yy) + int(mm) / 100 + int(patch or 0) / 10000
 
 
 def why_refused(run: TableRun) -> str | None:
@@ -136,8 +142,7 @@ def why_unpriced(row: dict[str, str]) -> str | None:
         return "a proxy with fewer layers than the model"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']}"
-    release = float(re.findall(r"(\d\d\.\d\d)", row["software"])[-1])
-    if row["system"] not in ("H100", "H200") and release < BLACKWELL_SINCE:
+    if row["system"] not in ("H100", "H200") and release(row["software"]) < BLACKWELL_SINCE:
         return (
             f"Blackwell software before {BLACKWELL_SINCE}: DeepSeek-V3 on 256 GB200s ran 958 "
             "tokens/s/GPU on NeMo 25.04 (dgxc v25.05.05), 3,454 on Megatron-Bridge 25.09"
@@ -192,7 +197,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 software=row["software"],
                 source=row["source"],
                 tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
-                release=float(re.findall(r"(\d\d\.\d\d)", row["software"])[-1]),
+                release=release(row["software"]),
                 recipe=RECIPES[row["model"]],
                 gpu=gpu,
                 gpus_per_node=min(per_node, gpus),

@@ -31,6 +31,10 @@ class GpuSpec:
     nvlink_pair_gb_s: float | None = None
     network_gb_s: float = 0.0
     hbm_gb_s: float = 0.0  # memory bandwidth, for the step-time model's memory-bound work
+    # Blackwell Ultra (B300, GB300): the data sheets give B200's dense BF16/FP8 peaks at a higher
+    # power limit (1,400 W against 1,200 W); the step-time model prices its higher clocks with
+    # one fitted factor (config/cost/constants.py blackwell_ultra).
+    blackwell_ultra: bool = False
 
 
 # The HPC sites' 4-GPU nodes. GH200 (JUPITER, JEDI, Alps): the Hopper GPU of a Grace Hopper
@@ -136,6 +140,7 @@ GPUS: dict[str, GpuSpec] = {
         # HBM3e at 8 TB/s, NVLink 5 (1.8 TB/s both ways), one ConnectX-8 (800 Gb/s) per GPU.
         GpuSpec(
             name="gb300",
+            blackwell_ultra=True,
             hbm_gb_s=8000,
             memory_gib=268.0,  # 288 GB; not read from torch: an estimate
             bf16_tflops=2500.0,
@@ -151,6 +156,7 @@ GPUS: dict[str, GpuSpec] = {
         # 108 PF dense NVFP4 (13.5 a GPU), 2.1 TB HBM3e (~270 GB a GPU), ConnectX-8 800 Gb/s.
         GpuSpec(
             name="b300",
+            blackwell_ultra=True,
             hbm_gb_s=8000,
             memory_gib=250.0,  # ~270 GB; not read from torch: an estimate
             bf16_tflops=2250.0,

@@ -18,7 +18,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
     ),
     "gemm_fp4": (
-        0.4,
+        0.36,
         "NVFP4 on Blackwell, of config/hardware.py's dense FP4 peak; fitted on the calibration "
         "part of bench/data/published_perf.csv (bench/plan_calibration.py --table --search)",
     ),
@@ -27,7 +27,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "MXFP8 on Blackwell, of the dense FP8 peak; fitted as gemm_fp4",
     ),
     "gemm_bf16_blackwell": (
-        0.77,
+        0.693,
         "BF16 on Blackwell (B200, GB200, B300, GB300), of the dense BF16 peak; fitted as gemm_fp4",
     ),
     "gemm_fp8_blackwell": (
@@ -39,8 +39,13 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "flash attention forward + backward on Blackwell (cuDNN's fused attention), of the dense "
         "BF16 peak; fitted as gemm_fp4",
     ),
+    "blackwell_ultra": (
+        1.1,
+        "Blackwell Ultra's (B300, GB300) GEMM rates over B200's at the same data-sheet peaks: "
+        "its higher power limit (1,400 W) holds higher clocks; fitted as gemm_fp4",
+    ),
     "stage_overhead_s": (
-        7.9e-05,
+        7.1e-05,
         "fixed seconds per model chunk and microbatch beyond its layers' own (its sends and "
         "receives posted, the schedule's host work): priced so one layer per virtual stage is "
         "not free; fitted as gemm_fp4",

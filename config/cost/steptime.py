@@ -144,8 +144,10 @@ def layer_costs(
         """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
         return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
 
-    rate = peak * k[gemm_constant(kind, spec)]
-    bf16 = spec.bf16_tflops * k[gemm_constant("bf16", spec)]
+    # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
+    ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
+    rate = peak * k[gemm_constant(kind, spec)] * (ultra if kind != "fp4" else 1.0)
+    bf16 = spec.bf16_tflops * k[gemm_constant("bf16", spec)] * ultra
     net = cluster.network * 1e9 * k["network"]
 
     def nvl(group: int) -> float:

@@ -130,7 +130,8 @@ def tokenizer_spec(settings: Settings) -> TokenizerSpec:
     backend = tokenizer.transformers_tokenizer
     rust = getattr(backend, "backend_tokenizer", None) if backend is not None else None
     rust = rust or getattr(tokenizer, "_backend", None)
-    text = rust.to_str() if hasattr(rust, "to_str") else None
+    to_str = getattr(rust, "to_str", None)
+    text = to_str() if callable(to_str) else None
     return TokenizerSpec(text, tokenizer.eod, tokenizer.vocab_size)
 
 

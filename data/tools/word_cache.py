@@ -157,10 +157,12 @@ class WordCacheEncoder:
     """texts -> id lists, the `tokenizers` library's ids for a byte-level BPE (module doc)."""
 
     def __init__(self, backend: Any, spec: dict[str, Any]) -> None:
-        import regex
+        import regex  # type: ignore[import-untyped]
 
         self.backend = backend
         pattern = _split_pattern(spec["pre_tokenizer"])
+        if pattern is None:
+            raise ValueError(_why_not(spec) or "not a byte-level BPE")
         self.split = regex.compile(pattern).findall
         fast = ascii_pattern(pattern)
         self.split_ascii = re.compile(fast).findall if fast else self.split
