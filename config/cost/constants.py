@@ -18,16 +18,16 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "~1,150 of 1,979 TFLOPS; FP8 GEMMs sit further from their peak than BF16 ones",
     ),
     "gemm_fp4": (
-        0.36,
+        0.361,
         "NVFP4 on Blackwell, of config/hardware.py's dense FP4 peak; fitted on the calibration "
         "part of bench/data/published_perf.csv (bench/plan_calibration.py --table --search)",
     ),
     "gemm_mxfp8": (
-        0.568,
+        0.702,
         "MXFP8 on Blackwell, of the dense FP8 peak; fitted as gemm_fp4",
     ),
     "gemm_bf16_blackwell": (
-        0.693,
+        0.567,
         "BF16 on Blackwell (B200, GB200, B300, GB300), of the dense BF16 peak; fitted as gemm_fp4",
     ),
     "gemm_fp8_blackwell": (
@@ -35,17 +35,17 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "FP8 with per-tensor (current) or blockwise scaling on Blackwell; fitted as gemm_fp4",
     ),
     "attention_blackwell": (
-        0.405,
+        0.446,
         "flash attention forward + backward on Blackwell (cuDNN's fused attention), of the dense "
         "BF16 peak; fitted as gemm_fp4",
     ),
     "blackwell_ultra": (
-        1.1,
+        1.21,
         "Blackwell Ultra's (B300, GB300) GEMM rates over B200's at the same data-sheet peaks: "
         "its higher power limit (1,400 W) holds higher clocks; fitted as gemm_fp4",
     ),
     "stage_overhead_s": (
-        7.1e-05,
+        8.1e-05,
         "fixed seconds per model chunk and microbatch beyond its layers' own (its sends and "
         "receives posted, the schedule's host work): priced so one layer per virtual stage is "
         "not free; fitted as gemm_fp4",
