@@ -42,6 +42,11 @@ def matches(run: PublishedRun, p) -> bool:
     return (s.tp, s.pp, s.vpp, s.cp, s.ep, mbs) == run.layout
 
 
+def _shape(p) -> tuple:
+    s = p.shape
+    return (s.tp, s.pp, s.vpp, s.cp, s.ep)
+
+
 def evaluate(
     run: PublishedRun | TableRun, constants: dict[str, float], ranked: bool = True
 ) -> dict:
@@ -59,10 +64,14 @@ def evaluate(
         saved = dict(perf.VALUES)
         perf.VALUES.update(constants)  # the planner prices with the module's table
         try:
-            plans, _ = plan(cfg, cluster, top=TOP)
+            plans, _ = plan(cfg, cluster, top=TOP * (3 if isinstance(run, TableRun) else 1))
         finally:
             perf.VALUES.update(saved)
-    rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
+    if isinstance(run, TableRun):  # the table's layouts: TP, PP, VPP, CP, EP, whatever the MBS
+        shapes = list(dict.fromkeys(_shape(p) for p in plans))[:TOP]
+        rank = next((i for i, s in enumerate(shapes, 1) if s == run.layout[:5]), None)
+    else:
+        rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
     return {
         "run": run,
         "predicted": step.tokens_per_s_per_gpu,

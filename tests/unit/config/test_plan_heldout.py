@@ -6,7 +6,9 @@ per configuration) and splits them once, by a fixed seed, into a calibration par
 config/cost/constants.py's fitted constants were fitted on: bench/plan_calibration.py --table
 --search) and a held-out part never fitted on. The tables are printed (pytest -s, or
 `bench/plan_calibration.py --table`); the bounds below are today's, so that nothing gets worse
-unseen, and the issue's own bounds are held in an expected failure until they are met.
+unseen, and the issue's own bounds are held in an expected failure until they are met. A rank is
+the published layout's (TP, PP, VPP, CP, EP) place among the distinct layouts `recipes plan`
+lists, whatever micro batch size, recompute or Megatron-FSDP it pairs them with.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.06 and held["max"] <= 0.85 and held["top5"] >= 0.15
+    assert held["median"] <= 0.06 and held["max"] <= 0.85 and held["top5"] >= 0.35
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
