@@ -5,13 +5,16 @@ login node, so nothing here imports torch. A step on the slowest pipeline rank i
 
     microbatches x (that rank's time per microbatch)          compute and exposed communication
   + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
-  + pipeline sends + data-parallel gradient/parameter traffic not hidden + the optimizer step
+  + pipeline sends and a fixed cost per model chunk + data-parallel gradient/parameter traffic
+    not hidden + the optimizer step
 
 and a rank's time per microbatch is the sum over its layers (forward and backward) of:
 
 - gemm: the layer's matmul FLOPs / TP (routed experts: top-k of them) at the GEMM rate of the run's
   precision, `peak x efficiency / (1 + d0/M + d0/N + d0/K)`: small GEMMs (a TP shard, the tokens one
   expert receives) run further from the peak. The output layer and attention stay in BF16.
+  Blackwell has its own efficiencies (BF16, FP8, MXFP8, NVFP4, attention, experts), fitted on the
+  calibration part of bench/data/published_perf.csv, and Blackwell Ultra one factor for its clocks.
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth.

@@ -192,14 +192,14 @@ def tokenize_shard(job: tuple[Shard, str, str, Settings, str]) -> ShardRecord:
 
     def flush(texts: list[str], writer: IndexedWriter) -> None:
         nonlocal encode, unchecked, seen
-        ids = encode(texts)
+        encoded = encode(texts)
         if unchecked:  # the word cache's first documents against the library's
-            if ids[:unchecked] != _ENCODE.library(texts[:unchecked]):
+            if encoded[:unchecked] != _ENCODE.library(texts[:unchecked]):
                 encode = _ENCODE.library
                 record.encoder = "tokenizers (the word cache differed on this shard)"
-                ids = encode(texts)
+                encoded = encode(texts)
             unchecked = 0
-        docs = [ids + eod for ids in ids if ids]
+        docs = [ids + eod for ids in encoded if ids]
         record.skipped_empty += len(texts) - len(docs)
         writer.add(docs)
         if _PROGRESS is not None:
