@@ -4,6 +4,11 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py                        # with config/cost/steptime.py's table
     .venv/bin/python bench/plan_calibration.py --set expert_half_dim=3000   # try other constants
     .venv/bin/python bench/plan_calibration.py --search               # coordinate descent
+    .venv/bin/python bench/plan_calibration.py --table                # bench/data/published_perf.csv:
+                                                     # calibration and held-out parts, ranked
+    .venv/bin/python bench/plan_calibration.py --table --search --only gemm_mxfp8,gemm_fp4
+                                                     # fit the named constants on calibration only
+    .venv/bin/python bench/plan_calibration.py --speed                # DeepSeek-V3's 1,024-GPU search
 
 How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
@@ -12,6 +17,10 @@ absolute error, plus the mean, plus a penalty per published layout ranked below 
 table's values no such move lowers it by more than 0.002. On a lent GPU, `make gpu-check`'s
 calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU proxy: try
 such a fit here with --set before it moves into the table.
+
+Blackwell's constants (the `_blackwell` ones, gemm_mxfp8, gemm_fp4, blackwell_ultra) and
+stage_overhead_s were fitted with --table --search --only on the calibration part, from H100's
+values; the held-out part (bench/published_table.py's split) is only ever printed.
 """
 
 from __future__ import annotations

@@ -8,9 +8,12 @@ four for every word of every document. A corpus repeats its words (35 MB of text
 words, 111,500 distinct), so this encoder splits with the same expression (the `regex` module,
 which reads the same `\\p{L}` classes as the library's Oniguruma), asks the library's own BPE
 (`Tokenizer.model.tokenize`) for each word the first time it is seen, and concatenates the
-remembered ids. The ids are the library's: the BPE is its own, and the split is checked against
-it on a probe text when the encoder is made and on the first documents of every shard
-(data/tools/tokenize.py), where any difference falls back to the library for the whole shard.
+remembered ids; an ASCII-only text is split by stdlib `re` with ASCII classes (twice as fast).
+The ids are the library's: the BPE is its own; the split is held to the library's on every code
+point Python's Unicode tables assign (tests/unit/data/test_word_cache.py), a word with one they
+do not assign sends its text to the library, and the encoder is checked against the library on a
+probe text when it is made and on the first documents of every shard (data/tools/tokenize.py),
+where any difference hands the whole shard to the library.
 
 What is not of that kind gets no encoder (`word_encoder` says why) and goes through the library:
 another pre-tokenizer or normalizer (sentencepiece-style BPE with byte fallback, WordPiece),
