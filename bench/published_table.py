@@ -34,6 +34,22 @@ RECIPES = {
     "Qwen3 30B-A3B": "qwen3_30b_a3b_pretrain",
     "GPT-OSS 120B": "gpt_oss_120b_pretrain",
     "Mixtral 8x7B": "mixtral_8x7b_pretrain",
+    "Qwen3 235B-A22B": "qwen3_30b_a3b_pretrain",  # with ARCHITECTURES' overrides
+}
+# Models without a catalog recipe, priced as another recipe with their published architecture
+# as overrides. Qwen3 235B-A22B: Qwen/Qwen3-235B-A22B config.json (hidden 4096, 94 layers, 64
+# query heads of 128, 4 KV heads, 128 experts of moe_intermediate_size 1536, top-8), otherwise
+# Qwen3 30B-A3B's (the same vocabulary, norms, router and RoPE base).
+ARCHITECTURES = {
+    "Qwen3 235B-A22B": [
+        "model.num_layers=94",
+        "model.hidden_size=4096",
+        "model.ffn_hidden_size=12288",
+        "model.num_attention_heads=64",
+        "model.num_query_groups=4",
+        "model.kv_channels=128",
+        "model.moe_ffn_hidden_size=1536",
+    ],
 }
 SYSTEMS = {  # system -> (GPU kind in config/hardware.py, GPUs per node)
     "H100": ("h100", 8),
@@ -165,6 +181,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             vp, ep, mbs = _int(row["vp"]), _int(row["ep"], 1), _int(row["mbs"], 1)
             vp = vp if vp and vp > 1 else None
             overrides = [
+                *ARCHITECTURES.get(row["model"], []),
                 f"parallel.tensor_model_parallel_size={tp}",
                 f"parallel.sequence_parallel={str(tp > 1).lower()}",
                 f"parallel.pipeline_model_parallel_size={pp}",
