@@ -5,9 +5,10 @@ layout, precision, batch and sequence as overrides, on the row's GPUs.
 The table (one row per published figure, its source and commit in `source`) holds every public
 NVIDIA figure a session could find: Megatron-Bridge's performance summaries 25.09-26.08 and their
 archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07.
-`split()` divides the priced rows once, by a fixed seed, into a calibration part and a held-out
-part (a third): identical configurations (the same layout published by several releases) fall on
-the same side, so no held-out layout was seen in calibration.
+`newest()` keeps one row per configuration (its newest release); `split()` divides them by a
+hash with a fixed seed into a calibration part and a held-out part (a third): identical
+configurations fall on the same side, so no held-out layout was seen in calibration, and rows
+added later move no configuration from one side to the other.
 """
 
 from __future__ import annotations
