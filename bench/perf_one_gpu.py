@@ -85,7 +85,7 @@ def fit(
         k["attention"] *= model_attention / sdpa_fwd_bwd_s
         out |= {"attention_model_s": model_attention, "attention_measured_s": sdpa_fwd_bwd_s}
         out["attention_fit"] = k["attention"]
-    name = perf.gemm_constant(perf.gemm_peak(cfg, cluster, derived)[1], cluster.spec)
+    name = perf.constant(f"gemm_{perf.gemm_peak(cfg, cluster, derived)[1]}", cluster.spec)
     low, high = RANGE
 
     def step_s(value: float) -> float:

@@ -55,7 +55,7 @@ from itertools import combinations
 from math import comb
 
 from config.cost import layers
-from config.cost.constants import CONSTANTS, VALUES  # noqa: F401 (CONSTANTS: the sources)
+from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import ParamCount, count_parameters, model_flops_per_token
 from config.finalize import Derived
 from config.hardware import Cluster, GpuSpec
@@ -119,10 +119,11 @@ def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[
     return spec.bf16_tflops, "bf16"
 
 
-def gemm_constant(kind: str, spec: GpuSpec) -> str:
-    """The CONSTANTS entry of a precision's GEMM rate on this GPU: Blackwell (the GPUs with
-    MXFP8 tensor cores) has its own for BF16 and FP8, fitted on its published runs apart."""
-    return f"gemm_{kind}_blackwell" if spec.mxfp8 and kind in ("bf16", "fp8") else f"gemm_{kind}"
+def constant(name: str, spec: GpuSpec) -> str:
+    """The CONSTANTS entry for `name` on this GPU: Blackwell's own (`name_blackwell`: the GPUs
+    with MXFP8 tensor cores) where one was fitted apart on its published runs, else `name`."""
+    own = f"{name}_blackwell"
+    return own if spec.mxfp8 and own in CONSTANTS else name
 
 
 def layer_costs(
@@ -149,8 +150,8 @@ def layer_costs(
 
     # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
     ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
-    rate = peak * k[gemm_constant(kind, spec)] * (ultra if kind != "fp4" else 1.0)
-    bf16 = spec.bf16_tflops * k[gemm_constant("bf16", spec)] * ultra
+    rate = peak * k[constant(f"gemm_{kind}", spec)] * (ultra if kind != "fp4" else 1.0)
+    bf16 = spec.bf16_tflops * k[constant("gemm_bf16", spec)] * ultra
     net = cluster.network * 1e9 * k["network"]
 
     def nvl(group: int) -> float:
@@ -170,8 +171,12 @@ def layer_costs(
         d_qk = d_v = layers.head_dim(m)
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
     attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
-    flash = k["attention_blackwell" if spec.mxfp8 else "attention"]
-    attention /= spec.bf16_tflops * 1e12 * flash / (1 + k["attention_half_len"] * c / s)
+    attention /= (
+        spec.bf16_tflops
+        * 1e12
+        * k[constant("attention", spec)]
+        / (1 + k["attention_half_len"] * c / s)
+    )
     tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
     # The CP ring: each step a send to the next peer only (one pair link in a mesh).
     cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) if c > 1 else 0.0
@@ -220,8 +225,7 @@ def layer_costs(
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
         flops = 6 * tokens * topk * layers.mlp(m, fe)[0] / t
-        wide = k["expert_half_dim_blackwell" if spec.mxfp8 else "expert_half_dim"]
-        experts = gemm(flops, per_expert, fe / et, h, rate, wide)
+        experts = gemm(flops, per_expert, fe / et, h, rate, k[constant("expert_half_dim", spec)])
         shared = gemm(6 * tokens * layers.mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0
