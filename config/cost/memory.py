@@ -104,6 +104,27 @@ class ParamCount:
     active_per_token: int
 
 
+def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, float]:
+    """Parameters per GPU of each kind of layer: dense ones / TP, experts / (EP x ETP)."""
+    return {
+        "dense": count.dense_per_layer / tp,
+        "moe": (count.attention_per_layer + count.moe_shared_per_layer) / tp,
+        "experts": count.experts_per_layer / experts_split,
+        "embedding": count.embedding / tp,
+        "output": (count.output or count.embedding) / tp,
+    }
+
+
+def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
+    """(dense, expert) parameters a pipeline rank holds: p from shard_params, load one of
+    config/cost/steptime.py rank_loads' slot counts."""
+    dense, moe, dense_rc, moe_rc, mtp, emb, out, *_ = load
+    moe_layers = moe + moe_rc
+    held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]
+    held += emb * p["embedding"] + out * p["output"]
+    return held, moe_layers * p["experts"]
+
+
 def _vit(v: VisionConfig) -> tuple[ModelConfig, int]:
     """The vision encoder as a ModelConfig (CLIP-style: LayerNorm, GELU, biases) and its tokens."""
     tokens = (v.image_size // v.patch_size) ** 2 + int(v.class_token)

@@ -56,7 +56,13 @@ from math import comb
 
 from config.cost import layers
 from config.cost.constants import CONSTANTS, VALUES
-from config.cost.memory import ParamCount, count_parameters, model_flops_per_token
+from config.cost.memory import (
+    ParamCount,
+    count_parameters,
+    model_flops_per_token,
+    rank_params,
+    shard_params,
+)
 from config.finalize import Derived
 from config.hardware import Cluster, GpuSpec
 from config.layout import warmup_forwards
@@ -348,17 +354,6 @@ def selective_terms(costs: LayerCosts, modules: list[str]) -> tuple[dict, dict]:
     return out
 
 
-def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, float]:
-    """Parameters per GPU of each kind of layer: dense ones / TP, experts / (EP x ETP)."""
-    return {
-        "dense": count.dense_per_layer / tp,
-        "moe": (count.attention_per_layer + count.moe_shared_per_layer) / tp,
-        "experts": count.experts_per_layer / experts_split,
-        "embedding": count.embedding / tp,
-        "output": (count.output or count.embedding) / tp,
-    }
-
-
 @lru_cache(maxsize=4096)
 def rank_loads(
     chunks: tuple[tuple[str, ...], ...],
@@ -498,12 +493,3 @@ def predict(
     tflops = tokens_per_gpu * costs.flops_per_token / 1e12
     peak, _ = gemm_peak(cfg, cluster, derived)
     return StepTime(seconds, step, tokens_per_gpu, tflops, tflops / peak)
-
-
-def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
-    """(dense, expert) parameters a pipeline rank holds (p from shard_params)."""
-    dense, moe, dense_rc, moe_rc, mtp, emb, out, *_ = load
-    moe_layers = moe + moe_rc
-    held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]
-    held += emb * p["embedding"] + out * p["output"]
-    return held, moe_layers * p["experts"]

@@ -38,6 +38,8 @@ from config.cost.memory import (
     estimate_memory,
     fits,
     memory_limit_gib,
+    rank_params,
+    shard_params,
 )
 from config.cost.steptime import (
     LayerCosts,
@@ -45,8 +47,6 @@ from config.cost.steptime import (
     layer_costs,
     predict,
     rank_loads,
-    rank_params,
-    shard_params,
 )
 from config.finalize import (
     Derived,
