@@ -161,15 +161,24 @@ def loss(rows: list[dict]) -> float:
     return median + 0.1 * missed + 0.2 * statistics.mean(abs(r["error"]) for r in rows)
 
 
-def show(rows: list[dict]) -> None:
-    print(f"{'run':<42} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4}  bottleneck")
+def _print_rows(rows: list[dict], width: int, gpus: bool) -> None:
+    """The header and a line per row: name, (GPUs,) published, predicted, error, rank, bottleneck."""
+    count = f" {'GPUs':>5}" if gpus else ""
+    print(
+        f"{'run':<{width}}{count} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4}  bottleneck"
+    )
     for r in rows:
         name, share = r["bottleneck"]
         rank = r["rank"] or f">{TOP}"
+        count = f" {r['run'].gpus:>5}" if gpus else ""
         print(
-            f"{r['run'].name:<42} {r['run'].tokens_per_s_per_gpu:>9,.0f} {r['predicted']:>9,.0f} "
-            f"{r['error']:>+7.1%} {rank!s:>4}  {name} {share:.0%}"
+            f"{r['run'].name:<{width}}{count} {r['run'].tokens_per_s_per_gpu:>9,.0f} "
+            f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4}  {name} {share:.0%}"
         )
+
+
+def show(rows: list[dict]) -> None:
+    _print_rows(rows, 42, gpus=False)
     errors = [abs(r["error"]) for r in rows]
     published = [abs(r["error"]) for r in rows if r["run"].in_published_layouts]
     print(
@@ -179,16 +188,7 @@ def show(rows: list[dict]) -> None:
 
 
 def show_table(rows: list[dict]) -> None:
-    print(
-        f"{'run':<40} {'GPUs':>5} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4}  bottleneck"
-    )
-    for r in sorted(rows, key=lambda r: r["run"].name):
-        name, share = r["bottleneck"]
-        rank = r["rank"] or f">{TOP}"
-        print(
-            f"{r['run'].name:<40} {r['run'].gpus:>5} {r['run'].tokens_per_s_per_gpu:>9,.0f} "
-            f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4}  {name} {share:.0%}"
-        )
+    _print_rows(sorted(rows, key=lambda r: r["run"].name), 40, gpus=True)
     s = summary(rows)
     print(
         f"{s['runs']} runs: median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, "
