@@ -214,12 +214,6 @@ def library_encoder(backend: Any) -> Callable[[list[str]], list[list[int]]]:
     return lambda texts: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=True)]
 
 
-def same_ids(
-    encoder: Callable[[list[str]], list[list[int]]], backend: Any, texts: list[str]
-) -> bool:
-    return encoder(texts) == library_encoder(backend)(texts)
-
-
 def word_encoder(backend: Any) -> tuple[WordCacheEncoder | None, str]:
     """(the word-cache encoder, "") for a byte-level BPE that agrees with the library on PROBE;
     else (None, why not)."""
@@ -237,6 +231,6 @@ def word_encoder(backend: Any) -> tuple[WordCacheEncoder | None, str]:
     except Exception as err:  # noqa: BLE001 - e.g. an expression the regex module rejects
         return None, f"its split expression does not compile here ({err})"
     probe = [PROBE, PROBE.upper(), PROBE[::-1], "", " ", "\n\n\n"]
-    if not same_ids(encoder, backend, probe):
+    if encoder(probe) != library_encoder(backend)(probe):
         return None, "its ids differ from the library's on the probe text"
     return encoder, ""
