@@ -135,6 +135,14 @@ class LocalTokenizer:
         data/chat.py); None for a bare tokenizer.json."""
         return self._backend if self._is_transformers else None
 
+    @property
+    def library_tokenizer(self) -> Any | None:
+        """The `tokenizers.Tokenizer` that encodes for this one (a transformers fast tokenizer's
+        backend, or the bare tokenizer.json's); None behind a slow transformers tokenizer."""
+        if self._is_transformers:
+            return getattr(self._backend, "backend_tokenizer", None)
+        return self._backend
+
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
         """transformers' rendering, within data/template_limit.py's bound on the template's
         loops (TemplateTooLong, naming this tokenizer, past it)."""

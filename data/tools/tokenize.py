@@ -127,11 +127,8 @@ def tokenizer_spec(settings: Settings) -> TokenizerSpec:
     from data.tokenizer import load_plain_tokenizer, load_tokenizer
 
     tokenizer = load_plain_tokenizer(settings.tokenizer) or load_tokenizer(settings.tokenizer)
-    backend = tokenizer.transformers_tokenizer
-    rust = getattr(backend, "backend_tokenizer", None) if backend is not None else None
-    rust = rust or getattr(tokenizer, "_backend", None)
-    to_str = getattr(rust, "to_str", None)
-    text = to_str() if callable(to_str) else None
+    library = tokenizer.library_tokenizer
+    text = library.to_str() if library is not None else None
     return TokenizerSpec(text, tokenizer.eod, tokenizer.vocab_size)
 
 
