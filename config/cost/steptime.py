@@ -35,7 +35,9 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   (the adapters' own GEMMs, rank << width, are left out).
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
-consecutive ranks stays inside a domain, else over the network (config/hardware.py). Host
+consecutive ranks stays inside a domain, else over the network (config/hardware.py); a
+data-parallel ring that spans domains leaves each one through the NICs of all its members
+there (`ring`). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
 between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
 compute, and
@@ -287,6 +289,21 @@ def layer_costs(
     return dataclasses.replace(costs, per_slot=_per_slot(costs))
 
 
+def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> float:
+    """Bytes/s per GPU of a ring collective (all-reduce, reduce-scatter, all-gather) among
+    `group` ranks `stride` apart (the data-parallel ranks: TP x CP apart), priced as
+    (group - 1) / group of the bytes over this rate. Inside a domain, NVLink's. Across domains
+    NCCL lays one ring channel per NIC (src/graph/search.cc), so a ring leaves each domain through
+    the NICs of all its members there: n members move it at n NICs' rate, up to NVLink's. Two
+    DGX H100s (8 members each, 8 NICs of 50 GB/s) measure ~360-400 GB/s all-reduce bus
+    bandwidth in nccl-tests, an NVLink-class figure, where one NIC would give 45."""
+    nvl = cluster.nvlink(group) * 1e9 * k["nvlink"]
+    if not cluster.crosses(group * stride):
+        return nvl
+    members = max(1, min(group, cluster.domain // stride))  # of the group on one domain
+    return min(nvl, members * cluster.network * 1e9 * k["network"])
+
+
 @lru_cache(maxsize=256)
 def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
     """How many NVLink domains besides its own one token's top-k experts lie in, on average:
@@ -467,10 +484,9 @@ def predict(
     et = derived.expert_tensor_parallel_size if moe else 1
     e = par.expert_model_parallel_size if moe else 1
     reduce, gather = 0.0, 0.0
-    for params, group, block in ((dense_p, dense_group, t * c * dp), (expert_p, edp, e * et * edp)):
+    for params, group, stride in ((dense_p, dense_group, t * c), (expert_p, edp, e * et)):
         if group > 1 and params:
-            bw = net if cluster.crosses(block) else cluster.nvlink(group) * 1e9 * k["nvlink"]
-            share = params * (group - 1) / group / bw
+            share = params * (group - 1) / group / ring(cluster, group, stride, k)
             reduce += grad * share * (1 if sharded else 2)
             gather += 2 * share if sharded else 0.0
     backward = 2 / 3 * totals[slowest]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from config.cost.steptime import layer_costs, predict
+from config.cost.constants import VALUES
+from config.cost.steptime import layer_costs, predict, ring
 from config.hardware import MESH, SWITCH, Cluster
 from config.rules import derive
 from config.tree import ConfigError
@@ -114,3 +115,30 @@ def test_an_unknown_topology_is_refused_by_the_profile_and_the_checker() -> None
     _, cfg = resolve("llama3_8b_pretrain", [])
     report = check(cfg, Cluster(2, 4, "gh200", nvlink_topology="ring"))
     assert not report.valid and "cluster.nvlink_topology" in [p.field for p in report.problems]
+
+
+def test_a_data_parallel_ring_leaves_a_domain_through_all_its_members_nics() -> None:
+    """NCCL lays one ring channel per NIC, so a ring that spans nodes leaves each through the NICs
+    of all its members there. Oracle: nccl-tests' all-reduce bus bandwidth across DGX H100 nodes
+    (8 NICs of 400 Gb/s), ~360-400 GB/s, NVLink-class, not one NIC's 45."""
+    k = VALUES
+    dgx = Cluster(4, 8, "h100")
+    rate = ring(dgx, 32, 1, k) / 1e9  # TP 1: all 8 GPUs of each node in the ring
+    assert 340 <= rate <= 420
+    assert ring(dgx, 16, 2, k) == pytest.approx(ring(dgx, 32, 1, k) / 2)  # TP 2: 4 members a node
+    assert ring(dgx, 4, 8, k) / 1e9 == pytest.approx(50 * k["network"])  # TP 8: one NIC
+    assert ring(dgx, 8, 1, k) / 1e9 == pytest.approx(450 * k["nvlink"])  # inside one node
+    # GB200 NVL72, 128 GPUs: a data-parallel group of 64 (TP 2) has 32+ members in each rack,
+    # so it runs at NVLink's rate, not one NIC's (Llama 3.1 405B with Megatron-FSDP on 128
+    # GB200s published 729 tokens/s/GPU; a one-NIC ring priced it at 148).
+    nvl72 = Cluster(32, 4, "gb200")
+    assert ring(nvl72, 64, 2, k) == pytest.approx(900e9 * k["nvlink"])
+    _, cfg = resolve(
+        "llama31_405b_pretrain",
+        ["parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=1",
+         "parallel.virtual_pipeline_model_parallel_size=null", "parallel.use_megatron_fsdp=true",
+         "train.global_batch_size=64", "train.micro_batch_size=1",
+         "precision=bf16_with_fp8_current_scaling_mixed"],
+    )  # fmt: skip
+    step = predict(cfg, nvl72, derive(cfg, nvl72))
+    assert step is not None and step.terms["dp"] < 0.25 * step.seconds
