@@ -6,7 +6,7 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py --search               # coordinate descent
     .venv/bin/python bench/plan_calibration.py --table                # bench/data/published_perf.csv:
                                                      # calibration and held-out parts, ranked
-    .venv/bin/python bench/plan_calibration.py --table --search --only gemm_mxfp8,gemm_fp4
+    .venv/bin/python bench/plan_calibration.py --table --search --only gemm_fp8_blackwell,gemm_fp4
                                                      # fit the named constants on calibration only
     .venv/bin/python bench/plan_calibration.py --speed                # DeepSeek-V3's 1,024-GPU search
 
@@ -18,7 +18,7 @@ table's values no such move lowers it by more than 0.002. On a lent GPU, `make g
 calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU proxy: try
 such a fit here with --set before it moves into the table.
 
-Blackwell's constants (the `_blackwell` ones, gemm_mxfp8, gemm_fp4, blackwell_ultra) and
+Blackwell's constants (the `_blackwell` ones, gemm_fp4, blackwell_ultra) and
 stage_overhead_s were fitted with --table --search --only on the calibration part, from H100's
 values; the held-out part (bench/published_table.py's split) is only ever printed.
 """
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.published_table import TableRun, newest, split  # noqa: E402
 from bench.published_table import load as load_table  # noqa: E402
 from config.cost import steptime as perf  # noqa: E402
+from config.cost.constants import BOUNDS  # noqa: E402
 from config.rules import derive  # noqa: E402
 from launchers.jobsize import JobSize, job_cluster  # noqa: E402
 from recipes.advice.plan import plan  # noqa: E402
@@ -203,8 +204,8 @@ def search(
     runs: list | None = None,
     only: list[str] | None = None,
 ) -> dict[str, float]:
-    """Coordinate descent, one constant at a time by 10%: on RUNS (the loss above, ranks
-    included), or on `runs` (fit_loss, errors only)."""
+    """Coordinate descent, one constant at a time by 10%, inside config/cost/constants.py's
+    BOUNDS: on RUNS (the loss above, ranks included), or on `runs` (fit_loss, errors only)."""
 
     def cost(k: dict[str, float]) -> float:
         return loss(table(k)) if runs is None else fit_loss(table(k, runs, ranked=False))
@@ -214,7 +215,10 @@ def search(
         improved = False
         for name in only or perf.VALUES:
             for factor in (0.9, 1.1):
-                trial = {**best, name: best[name] * factor}
+                low, high = BOUNDS.get(name, (0.0, float("inf")))
+                trial = {**best, name: min(high, max(low, best[name] * factor))}
+                if trial[name] == best[name]:
+                    continue
                 trial_loss = cost(trial)
                 if trial_loss < best_loss - 1e-4:
                     best, best_loss, improved = trial, trial_loss, True

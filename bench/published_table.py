@@ -88,6 +88,9 @@ class TableRun:
     # TP, PP, VPP (None: none), CP, EP and MBS, as the planner names them.
     layout: tuple[int, int, int | None, int, int, int]
     overrides: list[str] = field(default_factory=list)
+    # Those of `overrides` that MOE_SETTINGS gave (the release's dispatcher and overlap): priced,
+    # but not part of the configuration, so that learning them moved no run across the split.
+    settings: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -96,8 +99,64 @@ class TableRun:
     @property
     def config_key(self) -> tuple:
         """What makes two rows the same configuration (the split keeps them together)."""
+        own = tuple(self.overrides[: len(self.overrides) - len(self.settings)])  # settings last
         return (self.model.replace("3.1", "3"), self.system, self.gpus,
-                PRECISIONS[self.precision], self.layout, tuple(self.overrides))  # fmt: skip
+                PRECISIONS[self.precision], self.layout, own)  # fmt: skip
+
+
+# What Megatron-Bridge's performance recipes ran each MoE model with, by release, where the
+# step-time model prices it: the token dispatcher (alltoall, or flex: DeepEP/HybridEP) and the
+# alltoall overlap (overlap_moe_expert_parallel_comm). Read from the recipes at each release's
+# tag in NVIDIA-NeMo/Megatron-Bridge: 25.09 = r0.1.0 684a686165, 25.11 = v0.2.0 7af9601c9d,
+# 26.02 = v0.3.0 21b02e0cfb, 26.02.01 = v0.3.1 9c9dd84896, 26.04 = v0.4.0 0fbfe7d3e9,
+# 26.04.01 = v0.4.2 c810129341, 26.06 = v0.5.0 fcbb603110, 26.06.01 = v0.5.1 5cb3444c43,
+# 26.08 = v0.6.0 51885cf132 (scripts/performance/configs/<family>/*workload_base_configs.py and
+# *_llm_pretrain.py, utils/overrides.py; from 26.08 src/megatron/bridge/perf_recipes/). The
+# dispatcher as the code resolves it: before 26.02.01 apply_flex_dispatcher_backend takes HybridEP
+# only on GB200/GB300, from 26.04 the workload config's backend field alone decides.
+# (model, systems, precisions or "*", first release, last release, dispatcher, overlap)
+MOE_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float, str, bool]] = [
+    ("Qwen3 235B-A22B", ("H100",), "*", 25.11, 99, "alltoall", True),
+    ("Qwen3 235B-A22B", ("GB200", "GB300"), "fp8_mx", 26.06, 99, "flex", True),
+    ("Qwen3 235B-A22B", ("GB200", "GB300"), "*", 25.11, 99, "flex", False),
+    ("Qwen3 235B-A22B", ("B200",), "*", 25.11, 25.11, "alltoall", True),
+    ("Qwen3 235B-A22B", ("B200", "B300"), "fp8_mx", 26.0601, 99, "flex", True),
+    ("Qwen3 235B-A22B", ("B200",), "*", 26.02, 99, "alltoall", False),
+    ("Qwen3 235B-A22B", ("B300",), "*", 26.02, 26.02, "alltoall", True),
+    ("Qwen3 235B-A22B", ("B300",), "*", 26.0201, 26.04, "alltoall", False),
+    ("Qwen3 235B-A22B", ("B300",), "*", 26.0401, 99, "flex", False),
+    ("Qwen3 30B-A3B", ("H100",), "*", 25.11, 25.11, "alltoall", True),
+    ("Qwen3 30B-A3B", ("H100",), "*", 26.02, 26.02, "flex", True),
+    ("Qwen3 30B-A3B", ("H100",), "bf16", 26.08, 99, "flex", True),
+    ("Qwen3 30B-A3B", ("H100",), "*", 26.0201, 99, "flex", False),
+    ("Qwen3 30B-A3B", ("GB200", "GB300", "B300"), "fp8_mx", 26.06, 99, "flex", True),
+    ("Qwen3 30B-A3B", ("B200",), "fp8_mx", 26.0601, 99, "flex", True),
+    ("Qwen3 30B-A3B", ("GB200", "GB300", "B300"), "*", 25.11, 99, "flex", False),
+    ("Qwen3 30B-A3B", ("B200",), "*", 26.0201, 99, "flex", False),
+    ("Qwen3 30B-A3B", ("B200",), "*", 25.11, 26.02, "alltoall", False),
+    ("GPT-OSS 120B", ("GB200", "GB300"), "fp8_mx", 26.06, 99, "flex", True),
+    ("GPT-OSS 120B", ("GB200",), "*", 26.04, 99, "alltoall", True),
+    ("GPT-OSS 120B", ("B300",), "*", 26.04, 99, "flex", False),
+    ("GPT-OSS 120B", ("B200",), "*", 26.04, 26.0401, "flex", False),
+    ("GPT-OSS 120B", ("H100", "B200", "B300", "GB200", "GB300"), "*", 25.11, 99, "alltoall", False),
+    ("DeepSeek-V3", ("GB200", "GB300"), "fp8_mx", 26.06, 99, "flex", True),
+    ("DeepSeek-V3", ("B300",), "fp8_mx", 26.0601, 99, "flex", True),
+    ("DeepSeek-V3", ("B200",), "fp8_mx", 26.0401, 99, "flex", True),
+    ("DeepSeek-V3", ("B200",), "*", 25.11, 25.11, "alltoall", False),
+    ("DeepSeek-V3", ("H100",), "*", 25.11, 26.02, "flex", True),
+    ("DeepSeek-V3", ("H100", "B200", "B300", "GB200", "GB300"), "*", 25.11, 99, "flex", False),
+]
+
+
+def moe_settings(model: str, system: str, precision: str, release: float) -> list[str]:
+    """The dispatcher and alltoall-overlap overrides of MOE_SETTINGS' first rule that covers the
+    run ([] where none does: the row's notes, or the recipe's defaults)."""
+    for name, systems, prec, first, last, dispatcher, overlap in MOE_SETTINGS:
+        if name == model and system in systems and prec in ("*", precision):
+            if first <= release <= last:
+                out = [f"model.moe_token_dispatcher_type={dispatcher}"]
+                return out + [f"parallel.overlap_moe_expert_parallel_comm={str(overlap).lower()}"]
+    return []
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -199,14 +258,20 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             if row["fsdp"].strip() == "1":
                 overrides.append("parallel.use_megatron_fsdp=true")
             overrides += _notes_overrides(row["notes"])
+            settings = []
+            if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
+                settings = moe_settings(
+                    row["model"], row["system"], row["precision"], release(row["software"])
+                )
             if (
                 row["model"] == "DeepSeek-V3"
                 and row["software"].startswith("Megatron-Bridge")
                 and "dispatcher=" not in row["notes"]
             ):
-                # Megatron-Bridge's scripts/performance/run_script.py runs DeepSeek-V3 with
-                # DeepEP, and the alltoall overlapped (A2A_1F1B) where the schedule allows it
-                # (interleaved stages, or no pipeline), where its recipe says nothing.
+                # Megatron-Bridge 25.09's scripts/performance/run_script.py runs DeepSeek-V3
+                # with DeepEP, and the alltoall overlapped (A2A_1F1B) where the schedule allows
+                # it (interleaved stages, or no pipeline), where its recipe says nothing; a
+                # later release's own settings (MOE_SETTINGS) come after and win.
                 overrides.append("model.moe_token_dispatcher_type=flex")
                 if vp or pp == 1:
                     overrides.append("parallel.overlap_moe_expert_parallel_comm=true")
@@ -224,7 +289,8 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 gpu=gpu,
                 gpus_per_node=min(per_node, gpus),
                 layout=(tp, pp, vp, cp, ep, mbs),
-                overrides=overrides,
+                overrides=overrides + settings,
+                settings=tuple(settings),
             )
             refused = why_refused(run)
             if refused:

@@ -35,7 +35,12 @@ job runs out of memory on its most loaded rank.
 - Microbatches in flight on rank r: 1F1B holds min(PP - r, microbatches); the interleaved schedule
   its warm-up plus one (config/layout.py `warmup_forwards`, per virtual stage: chunks can differ):
   on rank 0, PP x (1 + (PP - 1)/(PP x VPP)) microbatches' worth, Korthikanti's figure. The MoE
-  alltoall overlap (parallel.overlap_moe_expert_parallel_comm) runs one forward more ahead.
+  alltoall overlap (parallel.overlap_moe_expert_parallel_comm) runs one forward more ahead: a
+  whole model chunk in the interleaved schedule's warm-up (schedules.py adds one warm-up
+  microbatch), one layer without a pipeline, where combined_1f1b pairs each layer's forward of
+  the next microbatch with the backward of the last layer left of the previous one and frees
+  that layer's state (model_chunk_schedule_plan.py), so the two microbatches together hold one
+  microbatch's layers and the pair's.
 - Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
   entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
 - Overhead: a constant, see OVERHEAD_GIB.
@@ -396,8 +401,9 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     root = (count.embedding + count.output + count.final_norm) / tp
     unit = max(count.dense_per_layer / tp, (moe_dense / tp + experts) if m.num_moe_experts else 0)
     estimates = []
+    overlap = par.overlap_moe_expert_parallel_comm
     for rank, r in enumerate(ranks):
-        counts = _in_flight(pp, vpp, rank, mbs, int(par.overlap_moe_expert_parallel_comm))
+        counts = _in_flight(pp, vpp, rank, mbs, int(overlap and vpp > 1))
         params = r["dense"] + r["expert"] + r["frozen"]
         weights = weight_bytes * params + (2 * r["decoder"] if fp8 else 0)
         grads = grad_bytes * (r["dense"] + r["expert"])
@@ -407,6 +413,7 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
             weights, grads = weights + (4 * unit if fp8 else 0), grad_bytes * (shard + root + unit)
         optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
+        activations += max(layer_act.values()) if overlap and vpp == 1 else 0.0  # the pair's
         parts = tuple(x / GIB for x in (weights, grads, optimizer, activations, r["logits"]))
         w, g, o, a, lg = parts
         total = sum(parts) + OVERHEAD_GIB

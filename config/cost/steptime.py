@@ -158,7 +158,8 @@ def layer_costs(
 
     # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
     ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
-    rate = peak * k[constant(f"gemm_{kind}", spec)] * (ultra if kind != "fp4" else 1.0)
+    fraction = k[constant("gemm_fp8" if kind == "mxfp8" else f"gemm_{kind}", spec)]
+    rate = peak * fraction * (ultra if kind != "fp4" else 1.0)
     bf16 = spec.bf16_tflops * k[constant("gemm_bf16", spec)] * ultra
     net = cluster.network * 1e9 * k["network"]
 
