@@ -136,8 +136,15 @@ BOUNDS: dict[str, tuple[float, float]] = {
     # 0.85 none reaches (cuBLAS's best square GEMMs on H100 and B200).
     **{
         name: (0.3, 0.85)
-        for name in ("gemm_bf16", "gemm_fp8", "gemm_fp4", "gemm_bf16_blackwell",
-                     "gemm_fp8_blackwell", "attention", "attention_blackwell")
+        for name in (
+            "gemm_bf16",
+            "gemm_fp8",
+            "gemm_fp4",
+            "gemm_bf16_blackwell",
+            "gemm_fp8_blackwell",
+            "attention",
+            "attention_blackwell",
+        )
     },  # fmt: skip
     # Blackwell Ultra over Blackwell at equal data-sheet peaks: clocks, not more tensor cores.
     "blackwell_ultra": (1.0, 1.3),
