@@ -72,7 +72,7 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.075 and held["max"] <= 0.85 and held["top5"] >= 0.33
+    assert held["median"] <= 0.06 and held["max"] <= 0.80 and held["top5"] >= 0.37
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
