@@ -1,8 +1,8 @@
 """The step-time model and the planner against NVIDIA's published runs they were not fitted on.
 
 bench/data/published_perf.csv holds every public NVIDIA pretraining figure a session found, with
-its source; bench/published_table.py prices the rows whose model has a preset here (newest release
-per configuration) and splits them once, by a fixed seed, into a calibration part (what
+its source; bench/published_table.py prices the rows whose model has a preset here, or its
+architecture written out over one (ARCHITECTURES; newest release per configuration) and splits them once, by a fixed seed, into a calibration part (what
 config/cost/constants.py's fitted constants were fitted on: bench/plan_calibration.py --table
 --search) and a held-out part never fitted on. The tables are printed (pytest -s, or
 `bench/plan_calibration.py --table`); the bounds below are today's, so that nothing gets worse
@@ -53,6 +53,30 @@ def test_the_table_names_a_source_for_every_figure() -> None:
     assert len(newest(runs)) >= 100  # configurations priced
 
 
+# Parameters as each model's publishers give them: Qwen3-235B-A22B's model card (235B), Llama 2's
+# paper (Touvron et al. 2023: 7B, 13B, 70B; the HF checkpoints hold 6.74, 13.0 and 69.0 billion),
+# Nemotron-4 15B (arXiv 2402.16819: 3.2B embedding + 12.5B other) and 340B (arXiv 2406.11704),
+# GPT-3 (Brown et al. 2020: 175.0B), Grok-1 (xai-org/grok-1: 314B).
+PUBLISHED_PARAMETERS = {
+    "Qwen3 235B-A22B": 235e9, "Llama 2 7B": 6.74e9, "Llama 2 13B": 13.0e9,
+    "Llama 2 70B": 69.0e9, "Nemotron-4 15B": 15.7e9, "Nemotron-4 340B": 340e9,
+    "GPT-3 175B": 175e9, "Grok-1 314B": 314e9,
+}  # fmt: skip
+
+
+def test_each_written_out_architecture_has_its_published_parameter_count() -> None:
+    """ARCHITECTURES' overrides (what prices a model without a preset) are the model: their
+    parameter count (config/cost/memory.py) within 1% of the publisher's."""
+    from bench.published_table import ARCHITECTURES, RECIPES
+    from config.cost.memory import count_parameters
+    from recipes.registry import resolve
+
+    assert set(ARCHITECTURES) == set(PUBLISHED_PARAMETERS)
+    for model, overrides in ARCHITECTURES.items():
+        _, cfg = resolve(RECIPES[model], overrides)
+        assert count_parameters(cfg).total == pytest.approx(PUBLISHED_PARAMETERS[model], rel=0.01)
+
+
 def test_the_split_is_fixed_and_keeps_configurations_whole(parts: tuple[list, list]) -> None:
     calibration, held = parts
     assert (calibration, held) == split(newest(load()[0]))  # the seed's, every time
@@ -71,8 +95,8 @@ def test_report_and_todays_bounds(
         for group, n, rho in layout_orders(calibration_rows + held_rows):
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
-    assert cal["median"] <= 0.05
-    assert held["median"] <= 0.06 and held["max"] <= 0.80 and held["top5"] >= 0.37
+    assert cal["median"] <= 0.055
+    assert held["median"] <= 0.07 and held["max"] <= 0.80 and held["top5"] >= 0.44
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
@@ -87,5 +111,23 @@ def test_layouts_of_one_run_are_ordered_as_measured(
     """Where NVIDIA published several layouts of one model on one cluster and precision, the
     predicted order against the measured one: today's mean Spearman, not to fall."""
     orders = layout_orders(calibration_rows + held_rows)
-    assert len(orders) >= 15
-    assert statistics.mean(rho for _, _, rho in orders) >= 0.0
+    assert len(orders) >= 45
+    assert statistics.mean(rho for _, _, rho in orders) >= 0.5
+
+
+def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> None:
+    """Qwen3 235B-A22B on H100 ran the alltoall dispatcher overlapped from Megatron-Bridge 25.11,
+    on GB200 HybridEP: the runs carry MOE_SETTINGS' overrides last (they win over the notes'),
+    and the configuration the split hashes leaves them out."""
+    from bench.published_table import moe_settings
+
+    assert moe_settings("Qwen3 235B-A22B", "H100", "fp8_cs", 25.11) == [
+        "model.moe_token_dispatcher_type=alltoall",
+        "parallel.overlap_moe_expert_parallel_comm=true",
+    ]
+    assert moe_settings("Qwen3 235B-A22B", "H100", "fp8_cs", 25.09) == []
+    assert moe_settings("Qwen3 235B-A22B", "GB200", "bf16", 26.02)[0].endswith("=flex")
+    runs, _ = load()
+    (h100,) = [r for r in runs if r.id == "mb2511-qwen3235ba22b-h100-fp8cs-256"]
+    assert h100.overrides[-2:] == list(h100.settings) and len(h100.settings) == 2
+    assert not set(h100.settings) & set(h100.config_key[-1])
