@@ -18,9 +18,14 @@ table's values no such move lowers it by more than 0.002. On a lent GPU, `make g
 calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU proxy: try
 such a fit here with --set before it moves into the table.
 
-Blackwell's constants (the `_blackwell` ones, gemm_fp4, blackwell_ultra) and
-stage_overhead_s were fitted with --table --search --only on the calibration part, from H100's
-values; the held-out part (bench/published_table.py's split) is only ever printed.
+Blackwell's constants (the `_blackwell` ones, gemm_fp4, blackwell_ultra) were fitted with
+--table --search --only on the calibration part, from H100's values (--search keeps every
+constant inside config/cost/constants.py's BOUNDS); stage_overhead_s, which moves the ranks more
+than the errors, by comparing values on the calibration part's errors and ranks:
+
+    .venv/bin/python bench/plan_calibration.py --table --compare stage_overhead_s=8.1e-5,2e-4,4e-4
+
+The held-out part (bench/published_table.py's split) is only ever printed.
 """
 
 from __future__ import annotations
@@ -254,6 +259,10 @@ def main() -> None:
     )
     parser.add_argument("--set", nargs="*", default=[], help="name=value: try other constants")
     parser.add_argument(
+        "--compare",
+        help="name=v1,v2,...: with --table, the calibration part's errors and ranks at each value",
+    )
+    parser.add_argument(
         "--table",
         action="store_true",
         help="bench/data/published_perf.csv: calibration and held out",
@@ -270,6 +279,13 @@ def main() -> None:
         return
     if args.table:
         calibration, held_out = table_parts()
+        if args.compare:  # how stage_overhead_s was chosen: errors and ranks, calibration only
+            name, values = args.compare.split("=", 1)
+            for value in map(float, values.split(",")):
+                s = summary(table({**constants, name: value}, calibration))
+                print(f"{name}={value:g}: median {s['median']:.1%}, 90th percentile "
+                      f"{s['p90']:.1%}, max {s['max']:.1%}, top 5 {s['top5']:.0%}", flush=True)  # fmt: skip
+            return
         if args.search:  # fitted on the calibration part only
             only = args.only.split(",") if args.only else None
             constants = search(constants, args.rounds, calibration, only)
