@@ -14,8 +14,13 @@ job runs out of memory on its most loaded rank.
   of the embedding for the output (Megatron all-reduces the two gradients). A vision encoder and
   its projector sit with the embedding on the first rank.
 - Weights 2 bytes (BF16/FP16), 4 with precision=fp32 (activations still counted as BF16's). FP8
-  adds 2 bytes per decoder-layer parameter: TE casts each weight once per step and caches the FP8
-  copy row- and column-wise for all microbatches (the backward GEMM needs the transpose).
+  adds TE's cached copy of each decoder-layer weight, cast once per step for all microbatches
+  (`fp8_weight_bytes`): row- and column-wise (2 bytes) where the backward GEMM needs the
+  transpose, as Hopper's FP8 GEMMs (TN only) do; one byte for per-tensor scaling on Blackwell,
+  whose FP8 GEMMs take any layout (TE's non_tn_fp8_gemm_supported(): compute capability 10 and
+  up); MXFP8 and blockwise scale along the rows for one use and the columns for the other, so
+  both copies stay (MXFP8 with an E8M0 scale per 32), NVFP4 both at 4 bits with an FP8 scale
+  per 16.
 - Gradients 4 bytes with parallel.grad_reduce_in_fp32, else 2: Megatron's DDP keeps one full-size
   gradient buffer even with the distributed optimizer, which reduce-scatters out of it.
 - Optimizer: FP32 master 4 + Adam moments 8 = 12 bytes (SGD: master 4 + momentum 4), divided with
@@ -52,7 +57,7 @@ from dataclasses import dataclass
 
 from config.cost import layers
 from config.finalize import Derived, padded_vocab_size
-from config.hardware import Cluster
+from config.hardware import Cluster, GpuSpec
 from config.layout import warmup_forwards
 from config.lora import targets
 from config.precision import PrecisionPreset
@@ -297,16 +302,30 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
     return total
 
 
+def fp8_weight_bytes(preset: PrecisionPreset | None, spec: GpuSpec) -> float:
+    """Bytes of TE's cached low-precision copy of one decoder weight (module docstring)."""
+    recipe = preset.fp8_recipe if preset is not None else None
+    if recipe is None:
+        return 0.0
+    if recipe in ("delayed", "tensorwise"):
+        return 1.0 if spec.mxfp8 else 2.0  # the GPUs with MXFP8 tensor cores: Blackwell
+    if recipe == "mxfp8":
+        return 2 * (1 + 1 / 32)
+    if recipe == "nvfp4":
+        return 2 * (0.5 + 1 / 16)
+    return 2.0  # blockwise: 1x128 and 128x128 scales, both directions
+
+
 def bytes_per_parameter(
-    cfg: TrainingConfig, preset: PrecisionPreset | None
-) -> tuple[int, int, int, int]:
+    cfg: TrainingConfig, preset: PrecisionPreset | None, spec: GpuSpec
+) -> tuple[int, float, int, int]:
     """(weight, FP8 cache, gradient, optimizer state) bytes of one trained parameter: the weight
     in the preset's dtype, TE's FP8 copy of a decoder weight (0 without FP8), the gradient buffer,
     and the FP32 master plus Adam's two moments (SGD: one)."""
     weight = 4 if preset is not None and preset.params_dtype == "fp32" else 2
-    fp8 = 2 if preset is not None and preset.fp8_recipe is not None else 0
     grad = 4 if cfg.parallel.grad_reduce_in_fp32 else 2
-    return weight, fp8, grad, 8 if cfg.optimizer.optimizer == "sgd" else 12
+    opt = 8 if cfg.optimizer.optimizer == "sgd" else 12
+    return weight, fp8_weight_bytes(preset, spec), grad, opt
 
 
 def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) -> list[int]:
@@ -323,7 +342,8 @@ def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) 
 def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> MemoryEstimate:
     """Predicted memory per GPU on the most loaded pipeline rank.
 
-    The cluster only enters through `derived`; on the CPU (memory_gib inf) the estimate is the same.
+    The cluster enters through `derived` and its GPU kind's FP8 weight copies (fp8_weight_bytes);
+    on the CPU (memory_gib inf) as on Hopper.
     """
     m, par, chunks = cfg.model, cfg.parallel, derived.pipeline_chunks
     pp, tp = par.pipeline_model_parallel_size, par.tensor_model_parallel_size
@@ -394,7 +414,9 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
             r[lm] += (count.output + tied_copy + count.final_norm) / tp
             heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
             r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
-    weight_bytes, _, grad_bytes, opt_bytes = bytes_per_parameter(cfg, derived.preset)
+    weight_bytes, fp8_bytes, grad_bytes, opt_bytes = bytes_per_parameter(
+        cfg, derived.preset, cluster.spec
+    )
     sharded = cfg.optimizer.use_distributed_optimizer
     dense_group, expert_group = (dp * par.context_parallel_size, edp) if sharded else (1, 1)
     fsdp = par.use_megatron_fsdp  # sharded as the optimizer state, plus what is gathered
@@ -405,12 +427,12 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     for rank, r in enumerate(ranks):
         counts = _in_flight(pp, vpp, rank, mbs, int(overlap and vpp > 1))
         params = r["dense"] + r["expert"] + r["frozen"]
-        weights = weight_bytes * params + (2 * r["decoder"] if fp8 else 0)
+        weights = weight_bytes * params + fp8_bytes * r["decoder"]
         grads = grad_bytes * (r["dense"] + r["expert"])
         if fsdp:
             shard = r["dense"] / dense_group + r["expert"] / expert_group
             weights = weight_bytes * (shard + r["frozen"] / dense_group + root + 2 * unit)
-            weights, grads = weights + (4 * unit if fp8 else 0), grad_bytes * (shard + root + unit)
+            weights, grads = weights + 2 * fp8_bytes * unit, grad_bytes * (shard + root + unit)
         optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
         activations += max(layer_act.values()) if overlap and vpp == 1 else 0.0  # the pair's

@@ -496,7 +496,8 @@ class _StaticMemory:
     def __init__(self, work: TrainingConfig, cluster: Cluster, limit_gib: float) -> None:
         self.count, self.work = count_parameters(work), work
         self.limit = (limit_gib - OVERHEAD_GIB) * GIB
-        weight, fp8, self.grad, self.opt = bytes_per_parameter(work, finalize(work, cluster).preset)
+        preset = finalize(work, cluster).preset
+        weight, fp8, self.grad, self.opt = bytes_per_parameter(work, preset, cluster.spec)
         self.weight = weight + fp8
         if work.peft.scheme == "lora":  # a frozen base holds weights only (adapters left out)
             self.grad = self.opt = 0

@@ -478,3 +478,19 @@ def test_distributed_optimizer_saves_twelve_bytes_over_dp() -> None:
     params = sharded.params_per_gpu
     assert sharded.optimizer_gib * GIB == pytest.approx(12 * params / 8)  # DP 4 x CP 2
     assert whole.optimizer_gib * GIB == pytest.approx(12 * params)
+
+
+def test_the_fp8_weight_copy_is_one_byte_only_where_fp8_gemms_take_any_layout() -> None:
+    """TE caches each decoder weight's FP8 copy for the step: row- and column-wise on Hopper
+    (its FP8 GEMMs are TN only), one copy for per-tensor scaling on Blackwell (TE's
+    non_tn_fp8_gemm_supported: compute capability 10 and up); MXFP8 keeps both directions."""
+    cfg = config(LLAMA3_8B, gbs=8, precision="bf16_with_fp8_current_scaling_mixed")
+    mx = config(LLAMA3_8B, gbs=8, precision="bf16_with_mxfp8_mixed")
+    hopper, blackwell = Cluster(1, 8, "h100"), Cluster(1, 8, "b200")
+
+    def weights(c: TrainingConfig, cluster: Cluster) -> float:
+        return estimate_memory(c, cluster, derive(c, cluster)).weights_gib
+
+    decoder = LLAMA3_8B.num_layers * count_parameters(cfg).dense_per_layer / 2**30
+    assert weights(cfg, hopper) - weights(cfg, blackwell) == pytest.approx(decoder)
+    assert weights(mx, blackwell) - weights(cfg, blackwell) == pytest.approx(decoder * 17 / 16)
