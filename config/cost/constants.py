@@ -51,8 +51,9 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "virtual stage is not free; fitted on the calibration part of "
         "bench/data/published_perf.csv with the published layouts' ranks in the objective (the "
         "errors alone put it at 8e-5 and the planner at 10-20 virtual stages where NVIDIA runs "
-        "4-8): 2e-4 ranks 46% of them in the top 5 (43% at 8e-5), 3e-4 and more cost Llama "
-        "3.1 70B BF16 on 64 H100s its top-5 place in tests/support/published_runs.py",
+        "4-8): on its 89 runs of then 2e-4 ranked 46% of them in the top 5 (43% at 8e-5), 3e-4 "
+        "and more cost Llama 3.1 70B BF16 on 64 H100s its top-5 place in "
+        "tests/support/published_runs.py; on the 139 of today 58% at both (--table --compare)",
     ),
     "gemm_half_dim": (
         128.0,
