@@ -176,6 +176,8 @@ class TableRun:
 # *_llm_pretrain.py, utils/overrides.py; from 26.08 src/megatron/bridge/perf_recipes/). The
 # dispatcher as the code resolves it: before 26.02.01 apply_flex_dispatcher_backend takes HybridEP
 # only on GB200/GB300, from 26.04 the workload config's backend field alone decides.
+# bench/data/megatron_bridge_perf_settings.md tabulates these with the CUDA graphs, recompute and
+# layouts of each release, model and GPU (what the model does not price yet: CUDA graphs).
 # (model, systems, precisions or "*", first release, last release, dispatcher, overlap)
 MOE_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float, str, bool]] = [
     ("Qwen3 235B-A22B", ("H100",), "*", 25.11, 99, "alltoall", True),
