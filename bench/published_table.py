@@ -36,6 +36,7 @@ RECIPES = {
     "GPT-OSS 120B": "gpt_oss_120b_pretrain",
     "Mixtral 8x7B": "mixtral_8x7b_pretrain",
     "Qwen3 235B-A22B": "qwen3_30b_a3b_pretrain",  # with ARCHITECTURES' overrides
+    # The models below too: each priced as this recipe with ARCHITECTURES' overrides.
     "Llama 2 7B": "llama3_8b_pretrain",
     "Llama 2 13B": "llama3_8b_pretrain",
     "Llama 2 70B": "llama3_8b_pretrain",
