@@ -16,6 +16,9 @@ login node.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from itertools import combinations
+from math import comb
 
 from config.schema import ModelConfig, is_gated, selective_modules
 
@@ -219,3 +222,35 @@ def walk(
             recomputed = full and (not block or in_chunk < group)
             in_chunk += 1
             yield rank, stage, c, moe, recomputed
+
+
+@lru_cache(maxsize=256)
+def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
+    """How many NVLink domains besides its own one token's top-k experts lie in, on average:
+    DeepEP and HybridEP (the flex dispatcher) send a token over the network once per such domain
+    and fan it out over NVLink there. The EP group's experts fill `domains` domains in order.
+    Megatron-Core's group-limited routing (DeepSeek-V3's node-limited one) picks `group_topk` of
+    `groups` contiguous expert groups by their best scores, then the top k experts among theirs:
+    taken here as any groups alike, the best expert of each picked group among the k, the other
+    k - group_topk alike among the groups' rest (tests/unit/config/test_moe_overlap.py holds this against
+    Megatron-Core's router on random scores, what moe_router_force_load_balancing routes by)."""
+    if domains <= 1:
+        return 0.0
+    size, span = experts // groups, experts // domains
+
+    def overlap(g: int, d: int) -> int:
+        return max(0, min((g + 1) * size, (d + 1) * span) - max(g * size, d * span))
+
+    picks = list(combinations(range(groups), group_topk))
+    rest, more = group_topk * (size - 1), max(0, topk - group_topk)  # after each group's best
+    touched = 0.0
+    for chosen in picks:
+        for d in range(domains):
+            missed = 1.0  # no group's best lies in d, and none of the others
+            for g in chosen:
+                missed *= 1 - overlap(g, d) / size
+            if missed:
+                inside = sum(overlap(g, d) for g in chosen)
+                missed *= comb(rest - inside, more) / comb(rest, more)
+            touched += 1 - missed
+    return touched / len(picks) * (domains - 1) / domains

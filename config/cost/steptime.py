@@ -24,7 +24,7 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
   leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
   top-k copies; the flex one (DeepEP, HybridEP) sends a token once to each other domain holding
-  one of its experts (fewer with group-limited routing: `remote_domains`) and fans it out over
+  one of its experts (fewer with group-limited routing: `layers.remote_domains`) and fans it out over
   NVLink there. Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides the
   forward's alltoalls behind another microbatch's backward and the backward's behind a forward
   (what overlaps slows that compute by overlap_contention), except in the schedule's warm-up
@@ -53,8 +53,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations
-from math import comb
 
 from config.cost import layers
 from config.cost.constants import CONSTANTS, VALUES
@@ -243,7 +241,7 @@ def layer_costs(
             inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
             if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
                 groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
-                remote = remote_domains(E, topk, *groups, -(-e // inside))
+                remote = layers.remote_domains(E, topk, *groups, -(-e // inside))
                 ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl(inside))
             else:
                 ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl(inside))
@@ -303,38 +301,6 @@ def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> floa
         return nvl
     members = max(1, min(group, cluster.domain // stride))  # of the group on one domain
     return min(nvl, members * cluster.network * 1e9 * k["network"])
-
-
-@lru_cache(maxsize=256)
-def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
-    """How many NVLink domains besides its own one token's top-k experts lie in, on average:
-    DeepEP and HybridEP (the flex dispatcher) send a token over the network once per such domain
-    and fan it out over NVLink there. The EP group's experts fill `domains` domains in order.
-    Megatron-Core's group-limited routing (DeepSeek-V3's node-limited one) picks `group_topk` of
-    `groups` contiguous expert groups by their best scores, then the top k experts among theirs:
-    taken here as any groups alike, the best expert of each picked group among the k, the other
-    k - group_topk alike among the groups' rest (tests/unit/config/test_moe_overlap.py holds this against
-    Megatron-Core's router on random scores, what moe_router_force_load_balancing routes by)."""
-    if domains <= 1:
-        return 0.0
-    size, span = experts // groups, experts // domains
-
-    def overlap(g: int, d: int) -> int:
-        return max(0, min((g + 1) * size, (d + 1) * span) - max(g * size, d * span))
-
-    picks = list(combinations(range(groups), group_topk))
-    rest, more = group_topk * (size - 1), max(0, topk - group_topk)  # after each group's best
-    touched = 0.0
-    for chosen in picks:
-        for d in range(domains):
-            missed = 1.0  # no group's best lies in d, and none of the others
-            for g in chosen:
-                missed *= 1 - overlap(g, d) / size
-            if missed:
-                inside = sum(overlap(g, d) for g in chosen)
-                missed *= comb(rest - inside, more) / comb(rest, more)
-            touched += 1 - missed
-    return touched / len(picks) * (domains - 1) / domains
 
 
 # Full recompute runs a layer's forward again: a third of its compute, half its traffic.

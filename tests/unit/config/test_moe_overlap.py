@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from config.cost import layers
 from config.cost import steptime as perf
 from config.cost.memory import estimate_memory
 from config.finalize import finalize
@@ -55,7 +56,7 @@ def test_remote_domains_match_megatron_cores_router(routing: tuple[int, ...]) ->
     touched = torch.zeros(tokens, domains).scatter_(1, chosen // (experts // domains), 1.0)
     own = torch.randint(0, domains, (tokens, 1), generator=generator)
     measured = touched.scatter_(1, own, 0.0).sum(1).mean().item()
-    assert perf.remote_domains(*routing) == pytest.approx(measured, rel=0.03)
+    assert layers.remote_domains(*routing) == pytest.approx(measured, rel=0.03)
 
 
 def _ep_seconds(overrides: list[str], cluster: Cluster = CLUSTER_1024) -> float:
