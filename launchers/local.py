@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shlex
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -145,14 +147,31 @@ class Forwarder:
     step boundary, saves a checkpoint and exits 0, and torchrun with them. A second one kills every
     process below this one at once: the checkpoint being written stays an iter_N.tmp folder, never
     published, which the next run removes (training/checkpoint/store.py).
+
+    The handler only records the signal; a thread of this class does the work. Python runs a
+    handler in the main thread, between any two bytecodes, even those of the same handler still
+    running: a second Ctrl-C while the first was being handled (importing psutil, walking /proc)
+    re-entered it. And whatever a handler raises surfaces in NeMo-Run's wait for the job, which
+    then waits for a torchrun that nothing signalled, forever. Appending to a list and putting on a
+    queue are single calls into C: they cannot be re-entered half-done, and do not raise.
     """
 
     def __init__(self) -> None:
-        self.count = 0
+        self.received: list[int] = []  # every stop signal, in order; `count` is how many
         self.signalled: list[Any] = []  # the processes told to stop, waited for at the end
+        self._pending: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._work, name="stop-signals", daemon=True)
         self._previous: dict[int, Any] = {}
 
+    @property
+    def count(self) -> int:
+        return len(self.received)
+
     def __enter__(self) -> Forwarder:
+        import psutil  # here, never in a handler (above)
+
+        self._psutil = psutil
+        self._worker.start()
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
@@ -160,23 +179,34 @@ class Forwarder:
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        self._pending.put(None)  # after every signal received: they are handled first
+        self._worker.join(timeout=60)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        import psutil
+        self.received.append(signum)
+        self._pending.put(signum)
 
-        self.count += 1
-        below = psutil.Process().children(recursive=True)
-        name = signal.Signals(signum).name
-        if self.count == 1:
-            ranks = [p for p in below if _is_rank(p)]
+    def _work(self) -> None:
+        handled = 0
+        while (signum := self._pending.get()) is not None:
+            handled += 1
+            name = signal.Signals(signum).name
+            try:
+                self._stop(name, first=handled == 1)
+            except Exception as err:  # psutil.Error, OSError: say so, and take the next signal
+                print(f"\n{name}: could not pass it on to the ranks: {err!r}", file=sys.stderr)
+
+    def _stop(self, name: str, first: bool) -> None:
+        below = self._psutil.Process().children(recursive=True)
+        if first:
             print(
                 f"\n{name}: the ranks save a checkpoint at the next step and exit "
                 "(again to stop at once, without saving)",
                 file=sys.stderr,
                 flush=True,
             )
-            self.signalled = below
-            _send(ranks, signal.SIGUSR1)
+            self.signalled += below
+            _send([p for p in below if _is_rank(p)], signal.SIGUSR1)
             return
         print(f"\n{name} again: stopping every process now, without saving", file=sys.stderr)
         self.signalled += below
@@ -185,11 +215,9 @@ class Forwarder:
     def wait(self, timeout: float = 120.0) -> None:
         """Return once every process told to stop is gone: torchrun may end before its ranks have
         finished exiting. Whatever outlives `timeout` is killed."""
-        import psutil
-
-        _, alive = psutil.wait_procs(self.signalled, timeout=timeout)
+        _, alive = self._psutil.wait_procs(list(self.signalled), timeout=timeout)
         _send(alive, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=10)
+        self._psutil.wait_procs(alive, timeout=10)
 
 
 def _is_rank(process: Any) -> bool:
