@@ -161,6 +161,16 @@ def warmup_forwards(pp: int, vpp: int, rank: int, microbatches: int) -> int:
     return min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
 
 
+def ddp_bucket_size(data_parallel_size: int) -> int:
+    """Parameters per gradient bucket of Megatron DDP on the first pipeline stage's first chunk,
+    when it overlaps its reduction (Megatron-Core's default, distributed_data_parallel.py: larger
+    data-parallel groups need larger buckets to keep NCCL near its bandwidth). Every other chunk
+    reduces in one bucket: it finishes its backward early. The engine builds with it
+    (training/build.py) and the step-time model prices the last bucket's reduction, which no
+    backward is left to hide (config/cost/steptime.py)."""
+    return max(40_000_000, 1_000_000 * data_parallel_size)
+
+
 # --- the layout a checkpoint can resume into ------------------------------------------------------
 # Megatron-Core's name of a Megatron-FSDP checkpoint's sharding (train_state.json's
 # dist_optimizer_sharding): torch DCP's fsdp_dtensor format.

@@ -25,6 +25,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from config.finalize import Derived
+from config.layout import ddp_bucket_size
 from config.precision import TORCH_DTYPES
 from config.registry import MODEL_ARCHS, load
 from config.schema import TrainingConfig
@@ -76,7 +77,7 @@ def _bucket_size(ddp: DistributedDataParallelConfig, chunk_index: int) -> int | 
     ):
         return None
     dp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
-    return ddp.bucket_size or max(40_000_000, 1_000_000 * dp)
+    return ddp.bucket_size or ddp_bucket_size(dp)
 
 
 def build_model(

@@ -126,6 +126,21 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "~5 us each when the host issues them (no CUDA graphs), which small work units do not "
         "hide; calibrated",
     ),
+    "ring_base_s": (
+        8.4e-6,
+        "NCCL's base latency of a ring collective, Simple protocol (src/graph/tuning.cc, "
+        "baseLat); the protocol of large messages",
+    ),
+    "ring_step_nvlink_s": (
+        3.4e-6,
+        "NCCL's latency per ring step inside an NVLink domain, Simple protocol "
+        "(src/graph/tuning.cc, hwLat NVLINK Ring)",
+    ),
+    "ring_step_network_s": (
+        14e-6,
+        "NCCL's latency per ring step between nodes, Simple protocol (src/graph/tuning.cc, "
+        "hwLat NET Ring)",
+    ),
     "optimizer_bytes": (
         32.0,
         "bytes per parameter of the optimizer step: read and write the FP32 master and both Adam "
@@ -162,5 +177,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_dim": (32.0, 512.0),
     "nvlink": (0.5, 0.95),
     "network": (0.5, 0.95),
+    # NCCL's latencies (src/graph/tuning.cc), within a factor of two of its figures.
+    **{
+        name: (VALUES[name] / 2, VALUES[name] * 2)
+        for name in ("ring_base_s", "ring_step_nvlink_s", "ring_step_network_s")
+    },  # fmt: skip
     **{name: (0.0, 1.0) for name in ("tp_exposed", "p2p_exposed", "overlap_contention")},
 }

@@ -37,7 +37,9 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py); a
 data-parallel ring that spans domains leaves each one through the NICs of all its members
-there (`ring`). Host
+there (`ring`), and each collective pays NCCL's latency per ring step (`ring_latency`). Megatron
+DDP's last gradient bucket and first parameter bucket stay exposed however long the backward and
+forward that hide the others: they grow with the data-parallel size (config/layout.py). Host
 overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
 between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
 compute, and
@@ -55,6 +57,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from config.cost import layers
+from config.cost.collectives import ring, ring_latency
 from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import (
     ParamCount,
@@ -65,7 +68,7 @@ from config.cost.memory import (
 )
 from config.finalize import Derived
 from config.hardware import Cluster, GpuSpec
-from config.layout import warmup_forwards
+from config.layout import ddp_bucket_size, warmup_forwards
 from config.schema import TrainingConfig, is_gated, selective_modules
 
 
@@ -288,21 +291,6 @@ def layer_costs(
     return dataclasses.replace(costs, per_slot=_per_slot(costs))
 
 
-def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> float:
-    """Bytes/s per GPU of a ring collective (all-reduce, reduce-scatter, all-gather) among
-    `group` ranks `stride` apart (the data-parallel ranks: TP x CP apart), priced as
-    (group - 1) / group of the bytes over this rate. Inside a domain, NVLink's. Across domains
-    NCCL lays one ring channel per NIC (src/graph/search.cc), so a ring leaves each domain through
-    the NICs of all its members there: n members move it at n NICs' rate, up to NVLink's. Two
-    DGX H100s (8 members each, 8 NICs of 50 GB/s) measure ~360-400 GB/s all-reduce bus
-    bandwidth in nccl-tests, an NVLink-class figure, where one NIC would give 45."""
-    nvl = cluster.nvlink(group) * 1e9 * k["nvlink"]
-    if not cluster.crosses(group * stride):
-        return nvl
-    members = max(1, min(group, cluster.domain // stride))  # of the group on one domain
-    return min(nvl, members * cluster.network * 1e9 * k["network"])
-
-
 # Full recompute runs a layer's forward again: a third of its compute, half its traffic.
 AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
@@ -440,9 +428,11 @@ def predict(
     step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
 
     # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
-    # optimizer) or all-reduce (twice the bytes of a reduce-scatter); the last microbatch's
-    # backward and the first one's forward hide what overlaps. Megatron-FSDP does it for every
-    # microbatch (the weights twice, for forward and backward), behind every one's compute.
+    # optimizer) or all-reduce (twice a reduce-scatter), bucket by bucket; the last microbatch's
+    # backward and the first one's forward hide what overlaps, except the last bucket's
+    # reduction (the backward has ended) and the first bucket's gather (the forward waits for
+    # it): buckets grow with the data-parallel size (config/layout.py). Megatron-FSDP does it for
+    # every microbatch (the weights twice, for forward and backward), behind every one's compute.
     dense_p, expert_p = rank_params(costs.params, slowest)
     grad = 4 if par.grad_reduce_in_fp32 else 2
     sharded = cfg.optimizer.use_distributed_optimizer
@@ -450,23 +440,37 @@ def predict(
     edp = derived.expert_data_parallel_size
     et = derived.expert_tensor_parallel_size if moe else 1
     e = par.expert_model_parallel_size if moe else 1
-    reduce, gather = 0.0, 0.0
+    reduce, gather, tail_reduce, tail_gather = 0.0, 0.0, 0.0, 0.0
+    passes = 1 if sharded else 2  # an all-reduce is a reduce-scatter and an all-gather
+    fsdp = par.use_megatron_fsdp  # its own buckets: bandwidth alone, as before
     for params, group, stride in ((dense_p, dense_group, t * c), (expert_p, edp, e * et)):
         if group > 1 and params:
-            share = params * (group - 1) / group / ring(cluster, group, stride, k)
-            reduce += grad * share * (1 if sharded else 2)
-            gather += 2 * share if sharded else 0.0
+            per_param = (group - 1) / group / ring(cluster, group, stride, k)
+            latency = 0.0 if fsdp else ring_latency(cluster, group, stride, k)
+            # The first stage's first chunk in buckets, every other chunk in one (layout.py).
+            bucket = params / vpp
+            if par.overlap_grad_reduce:
+                bucket = min(bucket, ddp_bucket_size(dense_group))
+            buckets = -(-params / vpp // bucket) + vpp - 1
+            reduce += passes * (grad * params * per_param + buckets * latency)
+            tail_reduce += passes * (grad * bucket * per_param + latency)
+            if sharded:
+                gather += 2 * params * per_param + buckets * latency
+                tail_gather += 2 * bucket * per_param + latency
     backward = 2 / 3 * totals[slowest]
-    if par.use_megatron_fsdp:  # per microbatch: weights gathered twice (BF16), grads scattered
+    if fsdp:  # per microbatch: weights gathered twice (BF16), grads scattered
         reduce, gather = reduce * microbatches, gather * 2 * microbatches
         backward, forward = backward * microbatches, totals[slowest] / 3 * microbatches
+        tail_reduce = tail_gather = 0.0  # behind the next microbatch's compute
     else:
         forward = totals[slowest] / 3  # the first microbatch's
     hidden = 0.0  # what overlaps compute slows it a little (SMs and HBM bandwidth taken)
     if par.overlap_grad_reduce:
-        hidden, reduce = min(reduce, backward), max(0.0, reduce - backward)
+        exposed = min(reduce, max(reduce - backward, tail_reduce))
+        hidden, reduce = reduce - exposed, exposed
     if par.overlap_param_gather and sharded:
-        hidden, gather = hidden + min(gather, forward), max(0.0, gather - forward)
+        exposed = min(gather, max(gather - forward, tail_gather))
+        hidden, gather = hidden + gather - exposed, exposed
     step["dp"] = reduce + gather + k["overlap_contention"] * hidden
     shard = dense_p / dense_group + expert_p / edp if sharded else dense_p + expert_p
     step["optimizer"] = k["optimizer_bytes"] * shard / (spec.hbm_gb_s * 1e9)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from config.cost.collectives import ring
 from config.cost.constants import VALUES
-from config.cost.steptime import layer_costs, predict, ring
+from config.cost.steptime import layer_costs, predict
 from config.hardware import MESH, SWITCH, Cluster
 from config.rules import derive
 from config.tree import ConfigError
