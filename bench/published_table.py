@@ -274,7 +274,10 @@ def why_refused(run: TableRun) -> str | None:
 
 def why_unpriced(row: dict[str, str]) -> str | None:
     if row["model"] not in RECIPES:
-        return f"no preset of {row['model']} in models/presets"
+        return (
+            f"no preset of {row['model']} in models/presets, nor its architecture written out "
+            "in ARCHITECTURES over a recipe of RECIPES"
+        )
     if row["system"] not in SYSTEMS:
         return f"no GPU kind for {row['system']}"
     if not row["tokens_per_s_per_gpu"].strip() or not row["mbs"].strip():
