@@ -447,7 +447,7 @@ def predict(
         if group > 1 and params:
             per_param = (group - 1) / group / ring(cluster, group, stride, k)
             latency = 0.0 if fsdp else ring_latency(cluster, group, stride, k)
-            # The first stage's first chunk in buckets, every other chunk in one (layout.py).
+            # The first stage's first chunk in buckets, every other chunk in one (ddp_bucket_size).
             bucket = params / vpp
             if par.overlap_grad_reduce:
                 bucket = min(bucket, ddp_bucket_size(dense_group))
