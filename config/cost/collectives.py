@@ -18,8 +18,7 @@ def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> floa
     nvl = cluster.nvlink(group) * 1e9 * k["nvlink"]
     if not cluster.crosses(group * stride):
         return nvl
-    members = max(1, min(group, cluster.domain // stride))  # of the group on one domain
-    return min(nvl, members * cluster.network * 1e9 * k["network"])
+    return min(nvl, members(cluster, group, stride) * cluster.network * 1e9 * k["network"])
 
 
 def ring_latency(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> float:
@@ -27,12 +26,17 @@ def ring_latency(cluster: Cluster, group: int, stride: int, k: dict[str, float])
     beyond its bytes, as NCCL's tuning model prices it (src/graph/tuning.cc): a base latency and
     one per step of the ring, group - 1 steps, those that leave an NVLink domain at the
     network's latency."""
-    members = group
-    if cluster.crosses(group * stride):
-        members = max(1, min(group, cluster.domain // stride))
-    domains = -(-group // members)
+    domains = -(-group // members(cluster, group, stride))
     return (
         k["ring_base_s"]
         + (group - domains) * k["ring_step_nvlink_s"]
         + (domains - 1) * k["ring_step_network_s"]
     )
+
+
+def members(cluster: Cluster, group: int, stride: int) -> int:
+    """How many of `group` ranks `stride` apart share one NVLink domain: all of them unless
+    their block leaves it."""
+    if not cluster.crosses(group * stride):
+        return group
+    return max(1, min(group, cluster.domain // stride))

@@ -442,7 +442,7 @@ def predict(
     e = par.expert_model_parallel_size if moe else 1
     reduce, gather, tail_reduce, tail_gather = 0.0, 0.0, 0.0, 0.0
     passes = 1 if sharded else 2  # an all-reduce is a reduce-scatter and an all-gather
-    fsdp = par.use_megatron_fsdp  # its own buckets: bandwidth alone, as before
+    fsdp = par.use_megatron_fsdp  # not DDP's buckets: priced by bandwidth alone
     for params, group, stride in ((dense_p, dense_group, t * c), (expert_p, edp, e * et)):
         if group > 1 and params:
             per_param = (group - 1) / group / ring(cluster, group, stride, k)

@@ -11,15 +11,16 @@ H100s.
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
+from bench.plan_calibration import evaluate
+from bench.published_table import TableRun, load
 from config.cost.collectives import ring_latency
 from config.cost.constants import VALUES
-from config.cost.steptime import predict
 from config.hardware import Cluster
 from config.layout import ddp_bucket_size
-from config.rules import derive
-from launchers.jobsize import JobSize, job_cluster
 from recipes.registry import resolve
 
 
@@ -68,20 +69,17 @@ def test_ring_latency_is_nccls_step_count() -> None:
 SMALL, LARGE = "dgxc250402-nemotron415b-h100-fp8-16", "dgxc250402-nemotron415b-h100-fp8-2048"
 
 
+@cache
+def table_run(run_id: str) -> TableRun:
+    runs, _ = load()
+    return next(r for r in runs if r.id == run_id)
+
+
 def tokens(run_id: str, **constants: float) -> tuple[float, float]:
     """(published, predicted) tokens/s per GPU of a row of the table, as the calibration prices it."""
-    from bench.published_table import load
-
-    runs, _ = load()
-    run = next(r for r in runs if r.id == run_id)
-    recipe, cfg = resolve(run.recipe, run.overrides)
-    size = JobSize(
-        nodes=run.gpus // run.gpus_per_node, gpus_per_node=run.gpus_per_node, gpu=run.gpu
-    )
-    cluster = job_cluster(recipe.cluster, None, size)
-    step = predict(cfg, cluster, derive(cfg, cluster), {**VALUES, **constants})
-    assert step is not None
-    return run.tokens_per_s_per_gpu, step.tokens_per_s_per_gpu
+    run = table_run(run_id)
+    row = evaluate(run, {**VALUES, **constants}, ranked=False)
+    return run.tokens_per_s_per_gpu, row["predicted"]
 
 
 def test_the_exposed_bucket_grows_with_the_data_parallel_size_as_nvidia_measured() -> None:
