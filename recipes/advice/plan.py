@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
 
 from config import layout as layouts
 from config.cost import layers
@@ -60,18 +59,10 @@ from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
 from config.rules.moe_overlap import layout_obstacles
-from config.rules.topology import group_block
 from config.schema import TrainingConfig
+from recipes.advice.space import PAR, RECOMPUTE_KEYS, Shape, recompute_choices, shapes
 
-# The recompute fields, in the order of the planner's recompute tuples.
-RECOMPUTE_KEYS = (
-    "model.recompute_granularity",
-    "model.recompute_method",
-    "model.recompute_num_layers",
-    "model.recompute_modules",
-)
 # The fields the planner chooses, and so the fields a command-line override pins.
-PAR = "parallel."
 LAYOUT_FIELDS = (
     PAR + "tensor_model_parallel_size",
     PAR + "context_parallel_size",
@@ -90,25 +81,6 @@ LAYOUT_FIELDS = (
 FSDP = PAR + "use_megatron_fsdp"
 A2A = PAR + "overlap_moe_expert_parallel_comm"
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """A parallel layout, before the micro batch and recompute are chosen."""
-
-    tp: int
-    cp: int
-    pp: int
-    vpp: int | None
-    layout: str | None  # an explicit (balanced, uneven) layout string, else Megatron's even split
-    ep: int
-    etp: int | None
-
-    def describe(self) -> str:
-        parts = [f"TP {self.tp}", f"PP {self.pp}", f"VPP {self.vpp or '-'}", f"CP {self.cp}"]
-        if self.ep > 1 or self.etp is not None:
-            parts += [f"EP {self.ep}", f"ETP {self.etp or self.tp}"]
-        return "  ".join(parts) + ("  uneven" if self.layout else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,124 +113,6 @@ class Plan:
             "bottleneck_share": round(share, 4),
             "terms_s": {term: round(value, 4) for term, value in self.step.terms.items()},
         }
-
-
-def _powers(limit: int) -> list[int]:
-    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
-
-
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
-
-def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
-    """(VPP, layout string) choices for PP ranks: the even split and the balanced layout."""
-    m = cfg.model
-    mtp = m.mtp_num_layers or 0
-    out: list[tuple[int | None, str | None]] = []
-    for chunks in range(pp, m.num_layers + 1, pp):
-        vpp = chunks // pp if chunks > pp else None
-        if vpp is not None and pp < 2:
-            break
-        even = m.num_layers % chunks == 0
-        if even:
-            out.append((vpp, None))
-        balanced = layouts.balanced(m.num_layers, mtp, chunks) if pp > 1 else None
-        if balanced:
-            out.append((vpp, layouts.render(balanced)))
-    return out
-
-
-def shapes(
-    cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object], inside: str | None = None
-) -> Iterator[Shape]:
-    """Every layout that divides the cluster and the model, within the pinned fields; with
-    `inside` (a field config/rules/topology.py warns about), only those whose group stays inside
-    an NVLink domain."""
-    m, world = cfg.model, cluster.world_size
-    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
-
-    def choices(name: str, values: list) -> list:
-        return [pinned[PAR + name]] if PAR + name in pinned else values
-
-    def leaves(shape: Shape) -> bool:
-        """Whether the group `inside` names leaves its NVLink domain in `shape`."""
-        if inside is None:
-            return False
-        block = group_block(inside, shape.tp, shape.cp, shape.ep, shape.etp or shape.tp)
-        return cluster.crosses(block)
-
-    # TP stays inside an NVLink domain: across domains it is what `check` warns about.
-    tps = [
-        t
-        for t in _powers(min(world, 64))
-        if not cluster.crosses(t) and heads % t == 0 and (groups % t == 0 or t % groups == 0)
-    ]
-    cps = [c for c in _powers(min(world, 16)) if m.seq_length % (2 * c) == 0 or c == 1]
-    experts = m.num_moe_experts or 0
-    for tp in choices("tensor_model_parallel_size", tps):
-        for cp in choices("context_parallel_size", cps):
-            if world % (tp * cp):
-                continue
-            for pp in choices(
-                "pipeline_model_parallel_size", _divisors(world // (tp * cp), m.num_layers)
-            ):
-                if pp < 1 or (world // (tp * cp)) % pp:
-                    continue  # a pinned PP that does not divide the ranks left
-                pipelines = _pipelines(cfg, pp)
-                if PAR + "pipeline_model_parallel_layout" in pinned:
-                    # The schema's types: a layout string, a virtual stage count (None: unset).
-                    layout = cast(str | None, pinned[PAR + "pipeline_model_parallel_layout"])
-                    vpp = cast(int | None, pinned.get(PAR + "virtual_pipeline_model_parallel_size"))
-                    pipelines = [(vpp, layout)]
-                elif PAR + "virtual_pipeline_model_parallel_size" in pinned:
-                    wanted = pinned[PAR + "virtual_pipeline_model_parallel_size"]
-                    pipelines = [p for p in pipelines if p[0] == wanted]
-                for vpp, layout in pipelines:
-                    if not experts:
-                        shape = Shape(tp, cp, pp, vpp, layout, 1, None)
-                        if not (inside and leaves(shape)):
-                            yield shape
-                        continue
-                    for etp in choices("expert_tensor_parallel_size", sorted({1, tp})):
-                        per_stage = world // pp
-                        eps = [
-                            e for e in _divisors(experts, per_stage) if per_stage % (e * etp) == 0
-                        ]
-                        for ep in choices("expert_model_parallel_size", eps):
-                            shape = Shape(tp, cp, pp, vpp, layout, ep, etp)
-                            if not (inside and leaves(shape)):
-                                yield shape
-
-
-def _recomputes(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
-    """(granularity, method, layers, modules) from the cheapest to the most memory-saving."""
-    if any(key in pinned for key in RECOMPUTE_KEYS):
-        return [tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)]
-    m = cfg.model
-    chunks = shape.pp * (shape.vpp or 1)
-    per_chunk = -(-m.num_layers // chunks)
-    blocks = sorted({n for n in (1, per_chunk // 4, per_chunk // 2, 3 * per_chunk // 4) if n > 0})
-    full = [("full", "block", n, None) for n in blocks if n < per_chunk]
-    # Output-discarding modules first (a little forward work again), then the MLPs too.
-    # (The norms only where they stand alone: TE fuses a dense layer's into its next GEMM.)
-    light = ["mla_up_proj"] if m.multi_latent_attention else []
-    light += ["layernorm"] if m.multi_latent_attention or m.num_moe_experts else []
-    light += ["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else []
-    dense = not m.num_moe_experts or m.moe_first_k_dense_layers > 0
-    mlps = (["mlp"] if dense else []) + (
-        ["shared_experts"] if m.moe_shared_expert_intermediate_size else []
-    )
-    selective = [("selective", None, None, ",".join(light))] if light else []
-    if mlps:
-        selective.append(("selective", None, None, ",".join(light + mlps)))
-    return [
-        (None, None, None, None),
-        ("selective", None, None, None),
-        *selective,
-        *full,
-        ("full", "uniform", 1, None),
-    ]
 
 
 def _apply(
@@ -402,7 +256,7 @@ def plan(
     fsdp_runs = _fsdp_runs(work, cluster)
     a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
     for shape in shapes(cfg, cluster, pinned, inside):
-        recompute = _recomputes(cfg, shape, pinned)[0]
+        recompute = recompute_choices(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
             _apply(work, shape, mbs, recompute, sp, shardings[0], a2a)
@@ -421,7 +275,7 @@ def plan(
         if bound >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
         group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
-        recomputes = _recomputes(cfg, shape, pinned)
+        recomputes = recompute_choices(cfg, shape, pinned)
         for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
             beat = min(kth, found[group].step.seconds if group in found else kth)
             fitting = _fitting(work, cluster, shape, mbs, recomputes, margin, sp, fsdp, a2a)

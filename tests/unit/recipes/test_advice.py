@@ -19,7 +19,8 @@ from config.hardware import Cluster
 from config.rules import derive
 from config.rules.topology import group_block, topology
 from recipes.advice.check import check
-from recipes.advice.plan import overrides, pinned, plan, shapes
+from recipes.advice.plan import overrides, pinned, plan
+from recipes.advice.space import shapes
 from recipes.cli import main
 from recipes.registry import resolve
 

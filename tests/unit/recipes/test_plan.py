@@ -25,11 +25,10 @@ from recipes.advice.plan import (
     _apply,
     _FastDerived,
     _fsdp_runs,
-    _recomputes,
     _shardings,
     plan,
-    shapes,
 )
+from recipes.advice.space import recompute_choices, shapes
 from recipes.cli import main
 from recipes.registry import resolve
 
@@ -78,7 +77,7 @@ def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
     fsdp_runs = _fsdp_runs(cfg, cluster)
     for shape in shapes(cfg, cluster, {}):
         for mbs, recompute, fsdp in itertools.product(
-            MICRO_BATCHES, _recomputes(cfg, shape, {}), _shardings(shape, {}, fsdp_runs)
+            MICRO_BATCHES, recompute_choices(cfg, shape, {}), _shardings(shape, {}, fsdp_runs)
         ):
             trial = copy.deepcopy(cfg)
             _apply(trial, shape, mbs, recompute, fsdp=fsdp)
@@ -155,7 +154,7 @@ def test_the_planner_prices_each_candidate_with_finalizes_values(
     fast = _FastDerived(work, cluster)
     priced = unpriced = 0
     for shape in shapes(cfg, cluster, pins):
-        recompute = _recomputes(cfg, shape, pins)[0]
+        recompute = recompute_choices(cfg, shape, pins)[0]
         for mbs in MICRO_BATCHES:
             _apply(work, shape, mbs, recompute)
             derived, _ = fast(shape, mbs, recompute)

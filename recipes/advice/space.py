@@ -1,0 +1,160 @@
+"""The planner's search space: every parallel layout of a model on a cluster (TP, CP, PP with its
+virtual stages and pipeline layout, EP, ETP), and the recompute choices of each, from the
+cheapest to the most memory-saving. recipes/advice/plan.py prices them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
+
+from config import layout as layouts
+from config.hardware import Cluster
+from config.rules.topology import group_block
+from config.schema import TrainingConfig
+
+# The recompute fields, in the order of the planner's recompute tuples.
+RECOMPUTE_KEYS = (
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.recompute_num_layers",
+    "model.recompute_modules",
+)
+PAR = "parallel."
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A parallel layout, before the micro batch and recompute are chosen."""
+
+    tp: int
+    cp: int
+    pp: int
+    vpp: int | None
+    layout: str | None  # an explicit (balanced, uneven) layout string, else Megatron's even split
+    ep: int
+    etp: int | None
+
+    def describe(self) -> str:
+        parts = [f"TP {self.tp}", f"PP {self.pp}", f"VPP {self.vpp or '-'}", f"CP {self.cp}"]
+        if self.ep > 1 or self.etp is not None:
+            parts += [f"EP {self.ep}", f"ETP {self.etp or self.tp}"]
+        return "  ".join(parts) + ("  uneven" if self.layout else "")
+
+
+def _powers(limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
+    """(VPP, layout string) choices for PP ranks: the even split and the balanced layout."""
+    m = cfg.model
+    mtp = m.mtp_num_layers or 0
+    out: list[tuple[int | None, str | None]] = []
+    for chunks in range(pp, m.num_layers + 1, pp):
+        vpp = chunks // pp if chunks > pp else None
+        if vpp is not None and pp < 2:
+            break
+        even = m.num_layers % chunks == 0
+        if even:
+            out.append((vpp, None))
+        balanced = layouts.balanced(m.num_layers, mtp, chunks) if pp > 1 else None
+        if balanced:
+            out.append((vpp, layouts.render(balanced)))
+    return out
+
+
+def shapes(
+    cfg: TrainingConfig, cluster: Cluster, pinned: dict[str, object], inside: str | None = None
+) -> Iterator[Shape]:
+    """Every layout that divides the cluster and the model, within the pinned fields; with
+    `inside` (a field config/rules/topology.py warns about), only those whose group stays inside
+    an NVLink domain."""
+    m, world = cfg.model, cluster.world_size
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+
+    def choices(name: str, values: list) -> list:
+        return [pinned[PAR + name]] if PAR + name in pinned else values
+
+    def leaves(shape: Shape) -> bool:
+        """Whether the group `inside` names leaves its NVLink domain in `shape`."""
+        if inside is None:
+            return False
+        block = group_block(inside, shape.tp, shape.cp, shape.ep, shape.etp or shape.tp)
+        return cluster.crosses(block)
+
+    # TP stays inside an NVLink domain: across domains it is what `check` warns about.
+    tps = [
+        t
+        for t in _powers(min(world, 64))
+        if not cluster.crosses(t) and heads % t == 0 and (groups % t == 0 or t % groups == 0)
+    ]
+    cps = [c for c in _powers(min(world, 16)) if m.seq_length % (2 * c) == 0 or c == 1]
+    experts = m.num_moe_experts or 0
+    for tp in choices("tensor_model_parallel_size", tps):
+        for cp in choices("context_parallel_size", cps):
+            if world % (tp * cp):
+                continue
+            for pp in choices(
+                "pipeline_model_parallel_size", _divisors(world // (tp * cp), m.num_layers)
+            ):
+                if pp < 1 or (world // (tp * cp)) % pp:
+                    continue  # a pinned PP that does not divide the ranks left
+                pipelines = _pipelines(cfg, pp)
+                if PAR + "pipeline_model_parallel_layout" in pinned:
+                    # The schema's types: a layout string, a virtual stage count (None: unset).
+                    layout = cast(str | None, pinned[PAR + "pipeline_model_parallel_layout"])
+                    vpp = cast(int | None, pinned.get(PAR + "virtual_pipeline_model_parallel_size"))
+                    pipelines = [(vpp, layout)]
+                elif PAR + "virtual_pipeline_model_parallel_size" in pinned:
+                    wanted = pinned[PAR + "virtual_pipeline_model_parallel_size"]
+                    pipelines = [p for p in pipelines if p[0] == wanted]
+                for vpp, layout in pipelines:
+                    if not experts:
+                        shape = Shape(tp, cp, pp, vpp, layout, 1, None)
+                        if not (inside and leaves(shape)):
+                            yield shape
+                        continue
+                    for etp in choices("expert_tensor_parallel_size", sorted({1, tp})):
+                        per_stage = world // pp
+                        eps = [
+                            e for e in _divisors(experts, per_stage) if per_stage % (e * etp) == 0
+                        ]
+                        for ep in choices("expert_model_parallel_size", eps):
+                            shape = Shape(tp, cp, pp, vpp, layout, ep, etp)
+                            if not (inside and leaves(shape)):
+                                yield shape
+
+
+def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
+    """(granularity, method, layers, modules) from the cheapest to the most memory-saving."""
+    if any(key in pinned for key in RECOMPUTE_KEYS):
+        return [tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)]
+    m = cfg.model
+    chunks = shape.pp * (shape.vpp or 1)
+    per_chunk = -(-m.num_layers // chunks)
+    blocks = sorted({n for n in (1, per_chunk // 4, per_chunk // 2, 3 * per_chunk // 4) if n > 0})
+    full = [("full", "block", n, None) for n in blocks if n < per_chunk]
+    # Output-discarding modules first (a little forward work again), then the MLPs too.
+    # (The norms only where they stand alone: TE fuses a dense layer's into its next GEMM.)
+    light = ["mla_up_proj"] if m.multi_latent_attention else []
+    light += ["layernorm"] if m.multi_latent_attention or m.num_moe_experts else []
+    light += ["moe_act"] if m.num_moe_experts and m.moe_grouped_gemm else []
+    dense = not m.num_moe_experts or m.moe_first_k_dense_layers > 0
+    mlps = (["mlp"] if dense else []) + (
+        ["shared_experts"] if m.moe_shared_expert_intermediate_size else []
+    )
+    selective = [("selective", None, None, ",".join(light))] if light else []
+    if mlps:
+        selective.append(("selective", None, None, ",".join(light + mlps)))
+    return [
+        (None, None, None, None),
+        ("selective", None, None, None),
+        *selective,
+        *full,
+        ("full", "uniform", 1, None),
+    ]
