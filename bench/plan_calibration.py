@@ -83,15 +83,23 @@ def evaluate(
         finally:
             perf.VALUES.update(saved)
     if isinstance(run, TableRun):  # the table's layouts: TP, PP, VPP, CP, EP, whatever the MBS
-        shapes = list(dict.fromkeys(_shape(p) for p in plans))[:TOP]
+        listed: dict[tuple, set] = {}  # each distinct layout listed, with its ties' layouts
+        for p in plans:
+            listed.setdefault(_shape(p), set()).update(_shape(t) for t in (p, *p.ties))
+        shapes = list(listed)[:TOP]
         rank = next((i for i, s in enumerate(shapes, 1) if s == run.layout[:5]), None)
+        tied = next((i for i, s in enumerate(shapes, 1) if run.layout[:5] in listed[s]), None)
     else:
         rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
+        tied = next(
+            (i for i, p in enumerate(plans, 1) if any(matches(run, t) for t in (p, *p.ties))), None
+        )
     return {
         "run": run,
         "predicted": step.tokens_per_s_per_gpu,
         "error": step.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu - 1,
         "rank": rank,
+        "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
         "best": plans[0].shape.describe() if plans else "-",
         "ranked": ranked,
         "bottleneck": step.bottleneck,
@@ -151,12 +159,14 @@ def summary(rows: list[dict]) -> dict[str, float]:
     errors = sorted(abs(r["error"]) for r in rows)
     ranked = [r for r in rows if r["ranked"]]
     top5 = sum(1 for r in ranked if r["rank"] is not None and r["rank"] <= 5)
+    tied = sum(1 for r in ranked if r["tied"] is not None and r["tied"] <= 5)
     return {
         "runs": len(rows),
         "median": statistics.median(errors),
         "p90": errors[int(0.9 * (len(errors) - 1))],
         "max": errors[-1],
         "top5": top5 / len(ranked) if ranked else float("nan"),
+        "top5_tied": tied / len(ranked) if ranked else float("nan"),
     }
 
 
@@ -171,15 +181,16 @@ def _print_rows(rows: list[dict], width: int, gpus: bool) -> None:
     """The header and a line per row: name, (GPUs,) published, predicted, error, rank, bottleneck."""
     count = f" {'GPUs':>5}" if gpus else ""
     print(
-        f"{'run':<{width}}{count} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4}  bottleneck"
+        f"{'run':<{width}}{count} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4} "
+        f"{'tied':>4}  bottleneck"
     )
     for r in rows:
         name, share = r["bottleneck"]
-        rank = r["rank"] or f">{TOP}"
+        rank, tied = (r[key] or f">{TOP}" if r["ranked"] else "-" for key in ("rank", "tied"))
         count = f" {r['run'].gpus:>5}" if gpus else ""
         print(
             f"{r['run'].name:<{width}}{count} {r['run'].tokens_per_s_per_gpu:>9,.0f} "
-            f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4}  {name} {share:.0%}"
+            f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4} {tied!s:>4}  {name} {share:.0%}"
         )
 
 
@@ -199,7 +210,11 @@ def show_table(rows: list[dict]) -> None:
     print(
         f"{s['runs']} runs: median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, "
         f"max {s['max']:.1%}; published layout in the top 5: "
-        + (f"{s['top5']:.0%}" if s["top5"] == s["top5"] else "not ranked")
+        + (
+            f"{s['top5']:.0%} (listed or tied: {s['top5_tied']:.0%})"
+            if s["top5"] == s["top5"]
+            else "not ranked"
+        )
     )
 
 
@@ -284,7 +299,7 @@ def main() -> None:
             for value in map(float, values.split(",")):
                 s = summary(table({**constants, name: value}, calibration))
                 print(f"{name}={value:g}: median {s['median']:.1%}, 90th percentile "
-                      f"{s['p90']:.1%}, max {s['max']:.1%}, top 5 {s['top5']:.0%}", flush=True)  # fmt: skip
+                      f"{s['p90']:.1%}, max {s['max']:.1%}, top 5 {s['top5']:.0%} (tied {s['top5_tied']:.0%})", flush=True)  # fmt: skip
             return
         if args.search:  # fitted on the calibration part only
             only = args.only.split(",") if args.only else None

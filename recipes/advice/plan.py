@@ -21,11 +21,14 @@ torch: `plan` answers on a login node (bench/cli_latency.py times DeepSeek-V3 on
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from config import layout as layouts
 from config.cost import layers
+from config.cost.constants import TIE_RANGE, VALUES
 from config.cost.memory import (
     GIB,
     MEMORY_MARGIN,
@@ -89,6 +92,10 @@ class Plan:
     overrides: list[str]  # a dotlist that `recipes check` and `recipes run` accept
     step: StepTime
     memory: MemoryEstimate
+    # The same TP, PP, CP, EP and ETP with other virtual stages (or pipeline layout) that would be
+    # as fast somewhere in stage_overhead_s's range (config/cost/constants.py TIE_RANGE): the
+    # model cannot order them against this plan. Fastest first; each fits and passes `check`.
+    ties: tuple[Plan, ...] = ()
 
     def describe(self) -> str:
         """The layout, and "FSDP" where Megatron-FSDP replaces Megatron DDP."""
@@ -112,6 +119,7 @@ class Plan:
             "bottleneck": name,
             "bottleneck_share": round(share, 4),
             "terms_s": {term: round(value, 4) for term, value in self.step.terms.items()},
+            "ties": [t.to_json() for t in self.ties],
         }
 
 
@@ -270,11 +278,12 @@ def plan(
                 bounds.append((step.seconds, len(bounds), shape, mbs))
     bounds.sort()
     found: dict[tuple, Plan] = {}  # the fastest plan of each (TP, PP, CP, EP, ETP)
+    spread: dict[tuple, tuple[float, float]] = {}  # its seconds at the ends of TIE_RANGE
     kth = float("inf")  # the step time of the top-th plan found so far
     for bound, _, shape, mbs in bounds:
         if bound >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
-        group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
+        group = _group(shape)
         recomputes = recompute_choices(cfg, shape, pinned)
         for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
             beat = min(kth, found[group].step.seconds if group in found else kth)
@@ -286,11 +295,73 @@ def plan(
                 if validate(work, cluster, derived):
                     continue  # a rule refuses this recompute (or the layout: then all of them)
                 found[group] = Plan(shape, overrides(work), step, memory)
+                spread[group] = _spread(work, cluster, derived, costs(derived))
                 times = sorted(p.step.seconds for p in found.values())
                 kth = times[top - 1] if len(times) >= top else kth
                 break
-    ranked = sorted(found.values(), key=lambda p: p.step.seconds)
-    return ranked[:top], len(bounds)
+
+    def ties(p: Plan) -> tuple[Plan, ...]:
+        """`p`'s group's other pipelines (virtual stages, layout) that beat it at either end of
+        stage_overhead_s's range (the step time is linear in it), each with the least recompute
+        that fits, as the search above would have chosen it."""
+        s = p.shape
+        if s.pp == 1:
+            return ()
+        group, lo, hi = _group(s), *spread[_group(s)]
+        out: dict[tuple, Plan] = {}
+        for _, _, shape, mbs in bounds:
+            pipeline = (shape.vpp, shape.layout)
+            if _group(shape) != group or pipeline == (s.vpp, s.layout) or pipeline in out:
+                continue
+            recomputes = recompute_choices(cfg, shape, pinned)
+            fsdp = _shardings(shape, pinned, fsdp_runs)[0]
+            _apply(work, shape, mbs, recomputes[0], sp, fsdp, a2a)
+            derived, loads = fast(shape, mbs, recomputes[0])
+            if derived is None or not _beats(
+                _spread(work, cluster, derived, costs(derived), loads), lo, hi
+            ):
+                continue  # not even without recompute
+            for derived, memory in _fitting(
+                work, cluster, shape, mbs, recomputes, margin, sp, fsdp, a2a
+            ):
+                if not _beats(_spread(work, cluster, derived, costs(derived)), lo, hi):
+                    break  # more recompute is only slower
+                if validate(work, cluster, derived):
+                    continue
+                step = cast(StepTime, predict(work, cluster, derived, costs=costs(derived)))
+                out[pipeline] = Plan(shape, overrides(work), step, memory)
+                break
+        return tuple(sorted(out.values(), key=lambda t: t.step.seconds))
+
+    ranked = sorted(found.values(), key=lambda p: p.step.seconds)[:top]
+    return [dataclasses.replace(p, ties=ties(p)) for p in ranked], len(bounds)
+
+
+def _group(shape: Shape) -> tuple[int, int, int, int, int | None]:
+    """What the planner keeps one plan of: the layout but its pipeline split."""
+    return (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
+
+
+def _spread(
+    work: TrainingConfig,
+    cluster: Cluster,
+    derived: Derived,
+    costs: LayerCosts,
+    loads: tuple | None = None,
+) -> tuple[float, float]:
+    """`work`'s step seconds with stage_overhead_s at the low and the high end of TIE_RANGE."""
+    out = []
+    for value in TIE_RANGE["stage_overhead_s"]:
+        k = {**VALUES, "stage_overhead_s": value}
+        step = predict(work, cluster, derived, k, costs=costs, loads=loads, detail=False)
+        out.append(cast(StepTime, step).seconds)
+    return out[0], out[1]
+
+
+def _beats(times: tuple[float, float], lo: float, hi: float) -> bool:
+    """Whether step times at the ends of TIE_RANGE beat (lo, hi) at either end: both are linear
+    in stage_overhead_s, so if they beat it anywhere in the range they do at an end."""
+    return times[0] <= lo or times[1] <= hi
 
 
 def _fsdp_runs(work: TrainingConfig, cluster: Cluster) -> bool:

@@ -85,6 +85,11 @@ def render(
             f"{p.step.tokens_per_s_per_gpu:>10,.0f} {p.step.mfu:>6.1%} {p.memory.total_gib:>6.1f}  "
             f"{name} {share:.0%}"
         )
+        if p.ties:  # the other pipeline splits the model cannot order against this one
+            split = (
+                f"VPP {t.shape.vpp or '-'}" + (" uneven" if t.shape.layout else "") for t in p.ties
+            )
+            lines.append(f"    as fast within the per-stage cost's uncertainty: {', '.join(split)}")
     if plans:
         lines += [
             "",

@@ -13,10 +13,12 @@ import json
 
 import pytest
 
+from config.cost.constants import TIE_RANGE, VALUES
 from config.cost.steptime import predict
 from config.finalize import complete, finalize
 from config.hardware import Cluster
 from config.rules import derive
+from config.schema import TrainingConfig
 from config.tree import apply_overrides
 from recipes.advice.check import check
 from recipes.advice.plan import (
@@ -26,6 +28,7 @@ from recipes.advice.plan import (
     _FastDerived,
     _fsdp_runs,
     _shardings,
+    pinned,
     plan,
 )
 from recipes.advice.space import recompute_choices, shapes
@@ -106,6 +109,44 @@ def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cl
     assert [s for _, s in got] == pytest.approx([s for _, s in expected])
 
 
+def test_ties_are_the_pipeline_splits_an_exhaustive_search_finds_as_fast() -> None:
+    """A plan's ties are exactly the other virtual-stage splits of its TP, PP, CP and EP that some
+    micro batch and recompute makes as fast somewhere in stage_overhead_s's TIE_RANGE, as every
+    candidate run through `check` and priced from its own finalized config finds."""
+    pins = ["parallel.pipeline_model_parallel_size=4"]
+    _, cfg = resolve("llama3_8b_pretrain", pins)
+    cfg.optimizer.use_distributed_optimizer = True
+    best = plan(cfg, H100, top=1, pinned=pinned(cfg, pins))[0][0]
+    limit = H100.spec.memory_gib * (1 - MEMORY_MARGIN)
+
+    def ends(trial: TrainingConfig) -> list[float]:
+        return [
+            predict(trial, H100, derive(trial, H100), {**VALUES, "stage_overhead_s": v}).seconds
+            for v in TIE_RANGE["stage_overhead_s"]
+        ]
+
+    _, chosen = resolve("llama3_8b_pretrain", best.overrides)
+    lo, hi = ends(chosen)
+    expected = set()
+    for shape in shapes(cfg, H100, pinned(cfg, pins)):
+        same = (shape.tp, shape.cp, shape.ep) == (best.shape.tp, best.shape.cp, best.shape.ep)
+        if not same or (shape.vpp, shape.layout) == (best.shape.vpp, best.shape.layout):
+            continue
+        for mbs, recompute in itertools.product(MICRO_BATCHES, recompute_choices(cfg, shape, {})):
+            trial = copy.deepcopy(cfg)
+            _apply(trial, shape, mbs, recompute)
+            report = check(trial, H100, suggest_fixes=False)
+            if report.valid and report.memory.total_gib <= limit:
+                at_lo, at_hi = ends(trial)
+                if at_lo <= lo or at_hi <= hi:
+                    expected.add((shape.vpp, shape.layout))
+    assert expected  # the case has ties to find
+    assert {(t.shape.vpp, t.shape.layout) for t in best.ties} == expected
+    for t in best.ties:  # each a plan of its own that `check` accepts
+        _, trial = resolve("llama3_8b_pretrain", t.overrides)
+        assert check(trial, H100).exit_code == 0
+
+
 def test_enumeration_covers_every_layout_check_accepts() -> None:
     """Brute force over TP, CP, PP and VPP: whatever `check` accepts, the planner enumerates."""
     _, cfg = resolve("llama3_8b_pretrain", [])
@@ -166,7 +207,6 @@ def test_the_planner_prices_each_candidate_with_finalizes_values(
 def test_fields_on_the_command_line_are_pinned() -> None:
     pins = ["parallel.tensor_model_parallel_size=8", "train.micro_batch_size=1"]
     _, cfg = resolve("llama3_70b_pretrain", pins)
-    from recipes.advice.plan import pinned
 
     plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins))[0]
     assert plans
@@ -177,7 +217,6 @@ def test_fields_on_the_command_line_are_pinned() -> None:
 def test_sequence_parallel_pinned_off_stays_off() -> None:
     pins = ["parallel.sequence_parallel=false"]
     _, cfg = resolve("llama3_70b_pretrain", pins)
-    from recipes.advice.plan import pinned
 
     plans = plan(cfg, Cluster(8, 8, "h100"), pinned=pinned(cfg, pins), top=3)[0]
     assert plans and all(pins[0] in p.overrides for p in plans)
@@ -188,7 +227,9 @@ def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     plans = json.loads(capsys.readouterr().out)
     assert isinstance(plans, list) and len(plans) == 3
     for entry in plans:
-        assert {"overrides", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu"} <= set(entry)
+        assert {"overrides", "tokens_per_s_per_gpu", "mfu", "memory_gib_per_gpu", "ties"} <= set(
+            entry
+        )
         assert 0 < entry["mfu"] < 1 and entry["memory_gib_per_gpu"] < 79.2
         _, cfg = resolve("llama3_8b_pretrain", entry["overrides"])
         assert check(cfg, H100).exit_code == 0
@@ -209,6 +250,20 @@ def test_plan_prints_a_table_and_the_command_to_run_the_first(
     ]  # fmt: skip
     assert main([*command[1:], "--dryrun"]) == 0
     assert "dry run: nothing submitted" in capsys.readouterr().out
+
+
+def test_plan_lists_the_ties_of_a_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    """The virtual-stage splits the model cannot order against a plan: under its row in the
+    table, and in the JSON with their own overrides."""
+    pins = ["llama3_8b_pretrain", "parallel.pipeline_model_parallel_size=4", "--top", "1"]
+    assert main(["plan", *pins]) == 0
+    out = capsys.readouterr().out
+    assert "as fast within the per-stage cost's uncertainty: VPP 8\n" in out
+    assert main(["plan", *pins, "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    (tie,) = entry["ties"]
+    assert "parallel.virtual_pipeline_model_parallel_size=8" in tie["overrides"]
+    assert tie["tokens_per_s_per_gpu"] <= entry["tokens_per_s_per_gpu"]
 
 
 def test_plan_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
