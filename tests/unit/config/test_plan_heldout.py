@@ -8,7 +8,9 @@ config/cost/constants.py's fitted constants were fitted on: bench/plan_calibrati
 `bench/plan_calibration.py --table`); the bounds below are today's, so that nothing gets worse
 unseen, and the issue's own bounds are held in an expected failure until they are met. A rank is
 the published layout's (TP, PP, VPP, CP, EP) place among the distinct layouts `recipes plan`
-lists, whatever micro batch size, recompute or Megatron-FSDP it pairs them with.
+lists, whatever micro batch size, recompute or Megatron-FSDP it pairs them with; the issue's
+bound counts only the layouts listed, today's also the ties listed under them (the virtual-stage
+splits the model cannot order against a listed layout, recipes/advice/plan.py `ties`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def test_report_and_todays_bounds(
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
     assert held["median"] <= 0.06 and held["max"] <= 0.80 and held["top5"] >= 0.46
+    assert held["top5_tied"] >= 0.55  # listed, or one of a listed layout's ties
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
