@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from config.bounds import MAX_LAYERS
 from config.problems import Problem
-from config.schema import MAX_LAYERS
 
 _CHARS = {"E", "L", "t", "m"}
 # The most characters a layout may expand to: every layer and MTP layer of the largest model the

@@ -89,7 +89,7 @@ def not_one_of(value: Any, allowed: list[Any]) -> str:
 
 
 def out_of_range(cls: type, name: str, value: Any) -> str | None:
-    """Why a number lies outside its field's range (`within` metadata of config/schema.py), or
+    """Why a number lies outside its field's range (`within` metadata, config/bounds.py), or
     None when it lies inside, is None where None is allowed, or the field has no range."""
     valid = _metadata(cls)[name].get("range")
     inner, optional = _optional_inner(field_types(cls)[name])

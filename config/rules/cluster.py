@@ -3,10 +3,11 @@ any cluster has (the parallel rules list the divisors of the world size)."""
 
 from __future__ import annotations
 
+from config.bounds import MAX_GPUS
 from config.finalize import Partial
 from config.hardware import MESH, NVLINK_TOPOLOGIES, SWITCH, Cluster, gpu_kind_problem
 from config.problems import Problem
-from config.schema import MAX_GPUS, TrainingConfig
+from config.schema import TrainingConfig
 
 
 def cluster_size(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:

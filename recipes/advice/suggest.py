@@ -20,7 +20,8 @@ from config.problems import Problem
 from config.rules import derive
 from config.rules.topology import CP, EP, GROUPS, TP
 from config.schema import TrainingConfig
-from recipes.advice.plan import PAR, Plan, plan
+from recipes.advice.plan import Plan, plan
+from recipes.advice.space import PAR
 
 GROWTH = (1, 2, 4, 8, 16, 32, 64)  # node counts tried, as multiples of the cluster's
 # The fields a layout that keeps a warned group inside may change, pinned or not.

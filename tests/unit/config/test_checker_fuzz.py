@@ -28,7 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.schema import Range, TrainingConfig
+from config.bounds import Range
+from config.schema import TrainingConfig
 from config.tree import ConfigError, apply_overrides, field_types, get_path, out_of_range
 from launchers.jobsize import JobSize, job_cluster
 from recipes.advice.check import EXIT_INVALID, EXIT_NO_FIT, EXIT_OK, check
