@@ -53,7 +53,7 @@ def modules(args: argparse.Namespace) -> dict[str, Any]:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from models.specs import SdpaAttention
+    from models.sdpa import SdpaAttention
 
     config = TransformerConfig(
         num_layers=1,

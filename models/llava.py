@@ -10,7 +10,7 @@ from the language model's TransformerConfig (the same TP size, dtype and CPU ini
 - language: the GPT of models/gpt.py `transformer_config`.
 
 Layer specs: Transformer Engine's when it imports on a GPU; otherwise Megatron-Core's local specs
-with core attention through torch's SDPA (models/specs.py `SdpaAttention`), the CPU smoke mode
+with core attention through torch's SDPA (models/sdpa.py `SdpaAttention`), the CPU smoke mode
 included. Two CUDA/TE assumptions of CLIPViTModel are bridged while the model is built without TE
 (see `_without_te`). The encoder and the LM live on one pipeline stage: the checker rejects PP > 1
 for arch "llava" (config/rules/).
@@ -47,7 +47,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from config.finalize import Derived
 from config.schema import TrainingConfig
-from models.specs import SdpaAttention, choose_backend
+from models.sdpa import SdpaAttention
+from models.specs import choose_backend
 
 # What the vision and projector configs take over from the language model's config.
 _SHARED_FIELDS = (

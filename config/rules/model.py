@@ -245,7 +245,7 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
     Megatron-Core windows layer i (from 1) unless i % window_attn_skip_freq == 0, and reads the
     frequency only with a window (transformer/utils.py is_layer_window_attention): a frequency
     alone, or of 1 (no layer windowed), would be ignored without a word. (Packed SFT rows take
-    windows and sinks too: models/specs.py SdpaAttention applies them with the rows' mask.)
+    windows and sinks too: models/sdpa.py SdpaAttention applies them with the rows' mask.)
     """
     m = cfg.model
     out = []

@@ -114,7 +114,8 @@ def test_moe_alltoall_overlap_matches_the_plain_schedule(runs: Runs) -> None:
 def test_packed_sft_keeps_te_linears_and_learns(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Packed SFT rows carry a block-diagonal mask: with TE, the layers keep TE's linear layers and
     take the SDPA core attention, which applies the mask (models/specs.py); the loss must fall."""
-    from models.specs import SdpaAttention, decoder_block_spec, have_transformer_engine
+    from models.sdpa import SdpaAttention
+    from models.specs import decoder_block_spec, have_transformer_engine
     from tests.smoke.test_sft_cpu import SftRuns
 
     if have_transformer_engine():

@@ -82,7 +82,7 @@ def test_sdpa_attention_runs_on_fused_kernels(groups: int) -> None:
     from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from models.specs import SdpaAttention
+    from models.sdpa import SdpaAttention
 
     config = TransformerConfig(
         num_layers=1,

@@ -436,7 +436,7 @@ def test_gpt_oss_rules_match_megatron_core(
 @pytest.mark.parametrize("packed", [False, True])
 def test_gpt_oss_sft_builds_packed_or_not(packed: bool) -> None:
     """Packed rows take the SDPA core attention with the rows' mask, which applies the window and
-    the sinks too (models/specs.py SdpaAttention): every layer gets it, with its sinks."""
+    the sinks too (models/sdpa.py SdpaAttention): every layer gets it, with its sinks."""
     cfg = apply_overrides(moe_base(), [*GPT_OSS, *SFT_PACKED, f"data.sequence_packing={packed}"])
     assert problems(cfg) == [] and megatron_build.refuses(cfg, H100x8) is None
     if packed:

@@ -172,7 +172,7 @@ def test_block_mask_keeps_packed_samples_apart() -> None:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from models.specs import SdpaAttention
+    from models.sdpa import SdpaAttention
 
     config = TransformerConfig(
         num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2

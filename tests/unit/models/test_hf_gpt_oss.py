@@ -114,7 +114,7 @@ def test_packed_rows_match_each_sample_alone(tmp_path: Path) -> None:
     each sample's logits are transformers' for that sample alone. RoPE and YaRN rotate by relative
     position, so a sample's offset in the row does not matter."""
     from models.gpt import attention_mask
-    from models.specs import SdpaAttention
+    from models.sdpa import SdpaAttention
     from training.checkpoint.state import model_chunks
 
     reference = save(tiny_config(), tmp_path / "hf")
