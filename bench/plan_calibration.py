@@ -148,6 +148,29 @@ def layout_orders(rows: list[dict]) -> list[tuple[str, int, float]]:
     return out
 
 
+def scaling(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """Where NVIDIA ran one layout of one model on one GPU kind, precision and release at 4x the
+    GPUs or more: (the series, measured, predicted) tokens/s/GPU of its largest run over its
+    smallest. What the straggler term (gpu_speed_sigma) and the data-parallel latencies price."""
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        run = r["run"]
+        key = (run.model, run.system, run.precision, run.layout[:5], run.software)
+        series.setdefault(key, []).append(r)
+    out = []
+    for (model, system, precision, _, software), members in series.items():
+        small, large = min(members, key=_gpus), max(members, key=_gpus)
+        if _gpus(large) >= 4 * _gpus(small):
+            measured = large["run"].tokens_per_s_per_gpu / small["run"].tokens_per_s_per_gpu
+            name = f"{model}, {system} {precision}, {_gpus(small)} -> {_gpus(large)} ({software})"
+            out.append((name, measured, large["predicted"] / small["predicted"]))
+    return out
+
+
+def _gpus(row: dict) -> int:
+    return int(row["run"].gpus)
+
+
 def fit_loss(rows: list[dict]) -> float:
     """What --table --search lowers on the calibration part: the median absolute error plus the
     mean (which the far-off runs move: the issue bounds the maximum too)."""

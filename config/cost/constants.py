@@ -141,6 +141,18 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "NCCL's latency per ring step between nodes, Simple protocol (src/graph/tuning.cc, "
         "hwLat NET Ring)",
     ),
+    "gpu_speed_sigma": (
+        0.01,
+        "standard deviation of one GPU's speed around its kind's mean (manufacturing and power "
+        "management): every step waits for the slowest of the job's GPUs, the expected maximum "
+        "of that many normal draws (config/cost/collectives.py `slowest_of`). Sinha et al., SC'22 "
+        "(arXiv 2208.11035) measured 8% average performance variation across identical GPUs of "
+        "four clusters of thousands, about 2 x 3.6 standard deviations of 1.1%. Fitted on the "
+        "calibration part of bench/data/published_perf.csv: fit loss 0.146 at 0, 0.137 at "
+        "0.0075, 0.134 at 0.01, 0.136 at 0.0125, 0.139 at 0.015, 0.142 at 0.02; where NVIDIA "
+        "ran one layout at 4x the GPUs or more, the predicted throughput ratio is 1.0% too "
+        "high on average at 0 and 0.35% at 0.01 (19 calibration series)",
+    ),
     "optimizer_bytes": (
         32.0,
         "bytes per parameter of the optimizer step: read and write the FP32 master and both Adam "
@@ -171,6 +183,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     # Per chunk and microbatch: a few kernel launches and posted sends, up to half a millisecond.
     "stage_overhead_s": (0.0, 5e-4),
     "layer_overhead_s": (5e-5, 1e-3),
+    # Identical GPUs of one cluster: up to a few percent apart (Sinha et al., SC'22).
+    "gpu_speed_sigma": (0.0, 0.03),
     # Blackwell's grouped GEMMs no worse on narrow experts than H100's.
     "expert_half_dim_blackwell": (128.0, 3250.0),
     "expert_half_dim": (128.0, 8192.0),

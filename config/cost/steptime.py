@@ -40,9 +40,11 @@ data-parallel ring that spans domains leaves each one through the NICs of all it
 there (`ring`), and each collective pays NCCL's latency per ring step (`ring_latency`). Megatron
 DDP's last gradient bucket and first parameter bucket stay exposed however long the backward and
 forward that hide the others: they grow with the data-parallel size (config/layout.py). Host
-overhead is one fixed cost per layer and microbatch. Not modelled: stragglers, load imbalance
-between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
-compute, and
+overhead is one fixed cost per layer and microbatch. Identical GPUs run a little apart (power
+management, manufacturing): every step waits for the slowest of the job's, its layers
+gpu_speed_sigma x `slowest_of(GPUs)` slower than a mean GPU's. Not modelled: network jitter and
+failing nodes, load imbalance between experts (the published MoE runs force-balance them), CUDA
+graphs, the vision encoder's compute, and
 communication contending with compute for SMs and memory bandwidth (except where it overlaps
 every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
 
@@ -57,7 +59,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from config.cost import layers
-from config.cost.collectives import ring, ring_latency
+from config.cost.collectives import ring, ring_latency, slowest_of
 from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import (
     ParamCount,
@@ -82,9 +84,11 @@ class StepTime:
 
     @property
     def bottleneck(self) -> tuple[str, float]:
-        """The largest term beyond the GEMMs and attention (the useful work), with its share."""
+        """The largest term beyond the GEMMs and attention (the useful work) and the wait for the
+        slowest GPU (a share of all work, which no layout avoids), with its share."""
         name = max(
-            (t for t in self.terms if t not in ("gemm", "attention")), key=self.terms.__getitem__
+            (t for t in self.terms if t not in ("gemm", "attention", "straggler")),
+            key=self.terms.__getitem__,
         )
         return name, self.terms[name] / self.seconds
 
@@ -108,12 +112,14 @@ class LayerCosts:
     # The last two slots (selective recompute of a dense and an MoE layer) depend on the modules,
     # so predict() prices them (selective_terms).
     per_slot: tuple[float, ...] = ()
+    per_slot_compute: tuple[float, ...] = ()  # the same, of the COMPUTE terms only
     # What the alltoall overlap hides of an MoE layer's exchange, per microbatch: exposed again
     # where the schedule has no other microbatch to pair it with (warm-up, cool-down).
     ep_unpaired: float = 0.0
 
 
 TERMS = ("gemm", "attention", "memory", "tp", "cp", "ep", "overhead")
+COMPUTE = ("gemm", "attention", "memory")  # what a GPU's own speed sets (gpu_speed_sigma)
 
 
 def gemm_peak(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> tuple[float, str]:
@@ -288,27 +294,33 @@ def layer_costs(
         selective=again,
         ep_unpaired=unpaired,
     )
-    return dataclasses.replace(costs, per_slot=_per_slot(costs))
+    return dataclasses.replace(
+        costs, per_slot=_per_slot(costs), per_slot_compute=_per_slot(costs, COMPUTE)
+    )
 
 
 # Full recompute runs a layer's forward again: a third of its compute, half its traffic.
 AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
 
-def _per_slot(costs: LayerCosts) -> tuple[float, ...]:
+def _per_slot(costs: LayerCosts, names: tuple[str, ...] = TERMS) -> tuple[float, ...]:
     """What one unit of each rank_loads slot but the selective ones adds to a rank's time
-    (_rank_terms, summed)."""
-    dense, moe = sum(costs.dense.values()), sum(costs.moe.values())
-    again_dense = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.dense.items())
-    again_moe = sum(AGAIN.get(name, 1 / 3) * v for name, v in costs.moe.items())
-    output = sum(costs.output.values())
+    (_rank_terms, summed over the terms `names`)."""
+
+    def total(part: dict[str, float], again: bool = False) -> float:
+        share = (lambda name: AGAIN.get(name, 1 / 3)) if again else (lambda name: 1.0)
+        return sum(share(name) * v for name, v in part.items() if name in names)
+
+    dense, moe = total(costs.dense), total(costs.moe)
+    again_dense, again_moe = total(costs.dense, again=True), total(costs.moe, again=True)
+    output = total(costs.output)
     return (
         dense,
         moe,
         dense + again_dense,
         moe + again_moe,
-        sum(costs.mtp_extra.values()) + output,
-        sum(costs.embedding.values()),
+        total(costs.mtp_extra) + output,
+        total(costs.embedding),
         output,
     )
 
@@ -413,6 +425,11 @@ def predict(
         unpaired = warm / vpp * (slowest[1] + slowest[3]) * costs.ep_unpaired  # its MoE layers
         step["ep" if detail else "layers"] += unpaired
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
+    # Every step waits for the slowest of the job's GPUs: its layers' compute takes
+    # gpu_speed_sigma x slowest_of(GPUs) longer than a mean GPU's (its communication does not).
+    compute = (*costs.per_slot_compute, *(sum(t.get(n, 0.0) for n in COMPUTE) for t in selective))
+    work = microbatches * sum(n * w for n, w in zip(slowest, compute, strict=True))
+    step["straggler"] = k["gpu_speed_sigma"] * slowest_of(cluster.world_size) * work
 
     # Pipeline sends: every chunk boundary, activations forward and their gradients backward,
     # each to one peer (one pair link in a mesh).
