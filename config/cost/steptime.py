@@ -308,8 +308,9 @@ def _per_slot(costs: LayerCosts, names: tuple[str, ...] = TERMS) -> tuple[float,
     (_rank_terms, summed over the terms `names`)."""
 
     def total(part: dict[str, float], again: bool = False) -> float:
-        share = (lambda name: AGAIN.get(name, 1 / 3)) if again else (lambda name: 1.0)
-        return sum(share(name) * v for name, v in part.items() if name in names)
+        if again:
+            return sum(AGAIN.get(name, 1 / 3) * v for name, v in part.items() if name in names)
+        return sum(v for name, v in part.items() if name in names)
 
     dense, moe = total(costs.dense), total(costs.moe)
     again_dense, again_moe = total(costs.dense, again=True), total(costs.moe, again=True)

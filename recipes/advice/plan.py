@@ -307,11 +307,11 @@ def plan(
         s = p.shape
         if s.pp == 1:
             return ()
-        group, lo, hi = _group(s), *spread[_group(s)]
+        lo, hi = spread[_group(s)]
         out: dict[tuple, Plan] = {}
-        for _, _, shape, mbs in bounds:
+        for shape, mbs in candidates.get(_group(s), ()):
             pipeline = (shape.vpp, shape.layout)
-            if _group(shape) != group or pipeline == (s.vpp, s.layout) or pipeline in out:
+            if pipeline == (s.vpp, s.layout) or pipeline in out:
                 continue
             recomputes = recompute_choices(cfg, shape, pinned)
             fsdp = _shardings(shape, pinned, fsdp_runs)[0]
@@ -334,6 +334,10 @@ def plan(
         return tuple(sorted(out.values(), key=lambda t: t.step.seconds))
 
     ranked = sorted(found.values(), key=lambda p: p.step.seconds)[:top]
+    candidates: dict[tuple, list[tuple[Shape, int]]] = {_group(p.shape): [] for p in ranked}
+    for _, _, shape, mbs in bounds:  # the ranked plans' groups, cheapest bound first
+        if (group := _group(shape)) in candidates:
+            candidates[group].append((shape, mbs))
     return [dataclasses.replace(p, ties=ties(p)) for p in ranked], len(bounds)
 
 
