@@ -201,7 +201,8 @@ def loss(rows: list[dict]) -> float:
 
 
 def _print_rows(rows: list[dict], width: int, gpus: bool) -> None:
-    """The header and a line per row: name, (GPUs,) published, predicted, error, rank, bottleneck."""
+    """The header and a line per row: name, (GPUs,) published, predicted, error, rank, the rank
+    counting ties, bottleneck."""
     count = f" {'GPUs':>5}" if gpus else ""
     print(
         f"{'run':<{width}}{count} {'published':>9} {'predicted':>9} {'error':>7} {'rank':>4} "

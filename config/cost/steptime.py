@@ -6,7 +6,7 @@ login node, so nothing here imports torch. A step on the slowest pipeline rank i
     microbatches x (that rank's time per microbatch)          compute and exposed communication
   + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
   + pipeline sends and a fixed cost per model chunk + data-parallel gradient/parameter traffic
-    not hidden + the optimizer step
+    not hidden + the optimizer step + the wait for the slowest GPU (below)
 
 and a rank's time per microbatch is the sum over its layers (forward and backward) of:
 
@@ -41,8 +41,9 @@ there (`ring`), and each collective pays NCCL's latency per ring step (`ring_lat
 DDP's last gradient bucket and first parameter bucket stay exposed however long the backward and
 forward that hide the others: they grow with the data-parallel size (config/layout.py). Host
 overhead is one fixed cost per layer and microbatch. Identical GPUs run a little apart (power
-management, manufacturing): every step waits for the slowest of the job's, its layers
-gpu_speed_sigma x `slowest_of(GPUs)` slower than a mean GPU's. Not modelled: network jitter and
+management, manufacturing): every step waits for the slowest of the job's, whose compute (GEMMs,
+attention, memory-bound work) takes gpu_speed_sigma x `slowest_of(GPUs)` longer than a mean
+GPU's (the `straggler` term). Not modelled: network jitter and
 failing nodes, load imbalance between experts (the published MoE runs force-balance them), CUDA
 graphs, the vision encoder's compute, and
 communication contending with compute for SMs and memory bandwidth (except where it overlaps

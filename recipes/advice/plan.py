@@ -10,7 +10,10 @@ The distributed optimizer stays on unless pinned off: a reduce-scatter plus an a
 all-reduce's bytes, so a plan without it is neither faster nor smaller. At PP 1 each layout is
 also tried with Megatron-FSDP (parallel.use_megatron_fsdp), which shards weights and gradients too
 at the price of gathering them every microbatch. Fields given on the command line are pinned; the
-rest is searched.
+rest is searched (recipes/advice/space.py lists the candidates). The planner keeps the fastest
+plan of each TP, PP, CP, EP and ETP, and lists under it its ties: the other virtual-stage splits
+of that group that the published runs cannot order against it (config/cost/constants.py
+TIE_RANGE).
 
 Search is best-first: every layout and micro batch is first priced without recompute (a bound, as
 recompute only adds time); only the cheapest are then sized for memory and checked with the rules
