@@ -305,8 +305,7 @@ AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
 
 def _per_slot(costs: LayerCosts, names: tuple[str, ...] = TERMS) -> tuple[float, ...]:
-    """What one unit of each rank_loads slot but the selective ones adds to a rank's time
-    (_rank_terms, summed over the terms `names`)."""
+    """A rank's seconds per unit of each rank_loads slot but the selective ones, in `names`."""
 
     def total(part: dict[str, float], again: bool = False) -> float:
         if again:
