@@ -17,8 +17,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchers.containers import Arg, Raw, container_wrap, edf_text_of
 from launchers.profile import Profile, check_profile
-from launchers.slurm import PSSLURM_CPUS, Arg, Raw, container_wrap, site_options
+from launchers.slurm import PSSLURM_CPUS, site_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +74,6 @@ def render(job: ArrayJob) -> str:
 
 
 def write(job: ArrayJob) -> Path:
-    from launchers.slurm import edf_text_of
-
     path = Path(job.script_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if job.profile.executor == "slurm-edf":

@@ -24,11 +24,10 @@ from pathlib import Path
 import jinja2
 
 from config.tree import ConfigError
+from launchers.containers import Arg, Raw
 from launchers.slurm import (
     PREFLIGHT_EXIT,
     PSSLURM_CPUS,
-    Arg,
-    Raw,
     SlurmJob,
     check_job,
     edf_text,

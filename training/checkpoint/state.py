@@ -15,9 +15,10 @@
   loader's state, which differs between data-parallel ranks and knows what was prefetched.
 - `manifest.json` (training/checkpoint/dirs.py): the size and SHA-256 of every other file.
 
-Loading never runs code from the checkpoint (`safe_loading`): every `torch.load`, ours and those
-inside torch's distributed checkpoint reader, is weights-only (tensors and plain containers), and
-the reader's pickled `.metadata` is unpickled first with only the classes torch writes there.
+Loading never runs code from the checkpoint (training/checkpoint/safe_load.py `safe_loading`):
+every `torch.load`, ours and those inside torch's distributed checkpoint reader, is weights-only
+(tensors and plain containers), and the reader's pickled `.metadata` is unpickled first with only
+the classes torch writes there.
 
 The named states come from `Trainer.checkpoint_states()` (see `STATES`): the step counter ("train")
 and the LR schedule go into train_state.json, the RNG and the batch source into the per-rank files.
@@ -28,14 +29,9 @@ needs two corrections on load, see `_allocate_optimizer_state` and `_restore_ada
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
-import os
-import pickle
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +45,7 @@ from config.schema import TrainingConfig
 from config.tree import ConfigError, to_dict
 from training.checkpoint import lora_base
 from training.checkpoint.dirs import FSDP_SHARDING
+from training.checkpoint.safe_load import safe_loading
 
 FORMAT_VERSION = 2  # 2: manifest.json, RNG files without numpy objects
 # The named states a checkpoint holds besides the model and the optimizer.
@@ -270,83 +267,6 @@ def sync_params_for_save(model: list[Any]) -> None:
         if getattr(chunk, "use_forward_hook", False):
             chunk.disable_forward_pre_hook(param_sync=True)
             chunk.enable_forward_pre_hook()
-
-
-# What torch's distributed checkpoint writes into `.metadata`, as exact (module, name) pairs: its
-# own dataclasses and enums, torch.Size, the layout helper and the dtypes. Unpickling anything else
-# could run code (pickle calls what the file names), and a dotted name would walk attributes from an
-# allowed module to anywhere (`torch.ctypes.util.subprocess.Popen`): only these pairs resolve.
-_DCP = "torch.distributed.checkpoint."
-_METADATA_GLOBALS = {
-    *(
-        (_DCP + "metadata", name)
-        for name in (
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "Metadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "TensorProperties",
-            "TensorStorageMetadata",
-            "_MEM_FORMAT_ENCODING",
-        )
-    ),
-    *(
-        (_DCP + "planner", name)
-        for name in (
-            "BytesIOWriteData",
-            "LoadItemType",
-            "LoadPlan",
-            "ReadItem",
-            "SavePlan",
-            "TensorWriteData",
-            "WriteItem",
-            "WriteItemType",
-        )
-    ),
-    *((_DCP + "filesystem", name) for name in ("_StorageInfo", "_StoragePrefix")),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    # torch's own DCP writer (Megatron-FSDP checkpoints) records the folder it wrote, as a path.
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    *(("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_GLOBALS:  # no name in it has a dot: one lookup, no walk
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-
-def check_metadata(folder: Path) -> None:
-    """ValueError, naming the file, when `.metadata` holds anything but torch's own metadata."""
-    path = folder / ".metadata"
-    try:
-        _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except FileNotFoundError:
-        raise ValueError(f"{path} is missing") from None
-    except Exception as err:  # a damaged or foreign file: pickle raises many kinds of error
-        raise ValueError(f"{path} is not safe to load ({type(err).__name__}: {err})") from None
-
-
-@contextlib.contextmanager
-def safe_loading(folder: Path) -> Iterator[None]:
-    """Load from `folder` without running code from it: `.metadata` checked, and every torch.load
-    meanwhile weights-only (torch's reader asks for full unpickling of its byte items)."""
-    check_metadata(folder)
-    key = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-    before = os.environ.get(key)
-    os.environ[key] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def load_model_and_optimizer(model: list[Any], optimizer: Any, folder: Path, sharding: str) -> None:

@@ -40,7 +40,7 @@ from models.hf.gpt import aliases
 from models.hf.mapping import Assembler, Node, hf_names, split
 from models.hf.safetensors_io import HfWeights, ShardWriter
 from training.checkpoint import dirs
-from training.checkpoint.state import safe_loading
+from training.checkpoint.safe_load import safe_loading
 from training.hf.convert import (
     EXTRA,
     LAYER_KEY,

@@ -31,7 +31,7 @@ from config.lora import ADAPTER_NAMES
 from models.hf import module_of
 from models.hf.mapping import Assembler, split
 from training.checkpoint import dirs
-from training.checkpoint.state import safe_loading
+from training.checkpoint.safe_load import safe_loading
 from training.hf.convert import ConvertError, copy_foreign, foreign_file, writing
 from training.hf.exporter import (
     _CachedReader,

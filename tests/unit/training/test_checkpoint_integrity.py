@@ -298,7 +298,7 @@ def test_a_crafted_checkpoint_runs_no_code(
 def test_the_metadata_allowlist_takes_exact_names_only(
     tmp_path: Path, module: str, name: str
 ) -> None:
-    from training.checkpoint.state import check_metadata
+    from training.checkpoint.safe_load import check_metadata
 
     (tmp_path / ".metadata").write_bytes(calling(module, name))
     with pytest.raises(ValueError, match=f"refusing to load {module}.{name}"):
