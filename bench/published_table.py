@@ -151,8 +151,9 @@ class TableRun:
     # TP, PP, VPP (None: none), CP, EP and MBS, as the planner names them.
     layout: tuple[int, int, int | None, int, int, int]
     overrides: list[str] = field(default_factory=list)
-    # Those of `overrides` that MOE_SETTINGS gave (the release's dispatcher and overlap): priced,
-    # but not part of the configuration, so that learning them moved no run across the split.
+    # Those of `overrides` that MOE_SETTINGS and OFFLOAD_SETTINGS gave (the release's dispatcher,
+    # overlap and offloading): priced, but not part of the configuration, so that learning them
+    # moved no run across the split.
     settings: tuple[str, ...] = ()
 
     @property
@@ -221,6 +222,34 @@ def moe_settings(model: str, system: str, precision: str, release: float) -> lis
             if first <= release <= last:
                 out = [f"model.moe_token_dispatcher_type={dispatcher}"]
                 return out + [f"parallel.overlap_moe_expert_parallel_comm={str(overlap).lower()}"]
+    return []
+
+
+# CPU activation offloading in Megatron-Bridge's performance recipes (cpu_offloading_num_layers),
+# each beside Megatron-FSDP without a pipeline: 25.09 from the YAML of r0.1.0 684a686165
+# (scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml, llama31/
+# llama31_405b_llm_pretrain.yaml), 25.11 on from the workload base configs (7af9601c9d to
+# 51885cf132, the same numbers in each; src/megatron/bridge/perf_recipes/llama/ at 067f987df0).
+# Where an FSDP row's run offloaded, so does its price. (model, system, precisions, first
+# release, last release, layers)
+OFFLOAD_SETTINGS: list[tuple[str, str, tuple[str, ...], float, float, int]] = [
+    ("Llama 3 70B", "GB200", ("bf16",), 25.09, 99, 20),
+    ("Llama 3 70B", "GB200", ("fp8", "fp8_cs"), 25.09, 99, 40),
+    ("Llama 3 70B", "GB300", ("bf16",), 25.11, 99, 30),
+    ("Llama 3 70B", "GB300", ("fp8", "fp8_cs"), 25.11, 99, 20),
+    ("Llama 3 70B", "B200", ("fp8", "fp8_cs"), 25.11, 99, 5),
+    ("Llama 3.1 405B", "GB200", ("fp8", "fp8_cs"), 25.09, 25.09, 95),
+    ("Llama 3.1 405B", "GB200", ("fp8", "fp8_cs"), 25.11, 99, 92),
+    ("Llama 3.1 405B", "GB300", ("bf16",), 25.11, 99, 40),
+    ("Llama 3.1 405B", "GB300", ("fp8", "fp8_cs"), 25.11, 99, 10),
+]
+
+
+def offload_settings(model: str, system: str, precision: str, release: float) -> list[str]:
+    """The offloading override of the first OFFLOAD_SETTINGS rule that covers an FSDP run."""
+    for name, gpu, precisions, first, last, n in OFFLOAD_SETTINGS:
+        if (name, gpu) == (model, system) and precision in precisions and first <= release <= last:
+            return [f"model.cpu_offloading_num_layers={n}"]
     return []
 
 
@@ -328,9 +357,9 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             overrides += _notes_overrides(row["notes"])
             settings = []
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
-                settings = moe_settings(
-                    row["model"], row["system"], row["precision"], release(row["software"])
-                )
+                key = (row["model"], row["system"], row["precision"], release(row["software"]))
+                settings = moe_settings(*key)
+                settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
             if (
                 row["model"] == "DeepSeek-V3"
                 and row["software"].startswith("Megatron-Bridge")

@@ -31,6 +31,19 @@ class GpuSpec:
     nvlink_pair_gb_s: float | None = None
     network_gb_s: float = 0.0
     hbm_gb_s: float = 0.0  # memory bandwidth, for the step-time model's memory-bound work
+    # Per GPU, one direction, GB/s: the link to its host's memory, which CPU activation
+    # offloading (model.cpu_offloading_num_layers) copies over. PCIe x16 on HGX/DGX boards
+    # (Gen4 31.5 GB/s for A100, Gen5 63 GB/s for H100, H200 and B200, and for B300 in hosts
+    # with Gen5 CPUs); NVLink-C2C on the superchips: 900 GB/s both ways between Grace and its
+    # Hopper GPU (GH200, 450 one way), the same 900 shared by the two Blackwell GPUs of a GB200 or
+    # GB300 superchip (225 one way each).
+    host_gb_s: float = 0.0
+    # The node's CPU memory per GPU, GiB: where offloaded activations are pinned. NVIDIA's DGX
+    # builds (DGX A100 640 GB, H100, H200, B200, B300: 2 TB for 8 GPUs; DGX A100 320 GB: 1 TB),
+    # the superchips' LPDDR5X (GH200: 120 GB per GPU as JUPITER and Alps have it; GB200 and GB300:
+    # 480 GB per Grace for its two GPUs), the 4-GPU A100 sites' 512 GB nodes (JUWELS Booster,
+    # Leonardo). 0 for the CPU mode: nothing is offloaded there.
+    host_memory_gib: float = 0.0
     # Blackwell Ultra (B300, GB300): the data sheets give B200's dense BF16/FP8 peaks at a higher
     # power limit (1,400 W against 1,200 W); the step-time model prices its higher clocks with
     # one fitted factor (config/cost/constants.py blackwell_ultra).
@@ -58,6 +71,8 @@ _GH200 = GpuSpec(
     nvlink_gb_s=450,
     nvlink_pair_gb_s=150,
     network_gb_s=25,
+    host_gb_s=450,
+    host_memory_gib=111.8,
 )
 
 
@@ -80,6 +95,8 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=300,
             nvlink_pair_gb_s=100,
             network_gb_s=25,
+            host_gb_s=31.5,
+            host_memory_gib=116.4,
         ),
         GpuSpec(
             name="a100",
@@ -89,6 +106,8 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=300,
             nvlink_pair_gb_s=100,
             network_gb_s=25,
+            host_gb_s=31.5,
+            host_memory_gib=232.8,
         ),
         GpuSpec(
             name="h100",
@@ -99,6 +118,8 @@ GPUS: dict[str, GpuSpec] = {
             fp8_blockwise=True,
             nvlink_gb_s=450,
             network_gb_s=50,
+            host_gb_s=63,
+            host_memory_gib=232.8,
         ),
         GpuSpec(
             name="h200",
@@ -109,6 +130,8 @@ GPUS: dict[str, GpuSpec] = {
             fp8_blockwise=True,
             nvlink_gb_s=450,
             network_gb_s=50,
+            host_gb_s=63,
+            host_memory_gib=232.8,
         ),
         GpuSpec(
             name="b200",
@@ -121,6 +144,8 @@ GPUS: dict[str, GpuSpec] = {
             mxfp8=True,
             nvlink_gb_s=900,
             network_gb_s=50,
+            host_gb_s=63,
+            host_memory_gib=232.8,
         ),
         GpuSpec(
             name="gb200",
@@ -134,6 +159,8 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_domain=72,  # NVL72: 18 trays of 4 GPUs on one NVLink switch fabric
             nvlink_gb_s=900,
             network_gb_s=50,
+            host_gb_s=225,
+            host_memory_gib=223.5,
         ),
         # Blackwell Ultra. GB300 NVL72 data sheet: per GPU 2.5 PF BF16, 5 PF FP8, 15 PF NVFP4
         # dense (the rack's 360 / 720 PF sparse halved, 1,080 PF dense FP4, over 72 GPUs), 288 GB
@@ -151,6 +178,8 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_domain=72,
             nvlink_gb_s=900,
             network_gb_s=100,
+            host_gb_s=225,
+            host_memory_gib=223.5,
         ),
         # HGX B300 data sheet: 8 GPUs, 36 PF BF16 / 72 PF FP8 sparse (2.25 / 4.5 PF dense a GPU),
         # 108 PF dense NVFP4 (13.5 a GPU), 2.1 TB HBM3e (~270 GB a GPU), ConnectX-8 800 Gb/s.
@@ -166,6 +195,8 @@ GPUS: dict[str, GpuSpec] = {
             mxfp8=True,
             nvlink_gb_s=900,
             network_gb_s=100,
+            host_gb_s=63,
+            host_memory_gib=232.8,
         ),
         # The HPC sites' 4-GPU nodes: GH200 (_GH200 above for its figures), and Leonardo's A100.
         _GH200,
@@ -189,6 +220,8 @@ GPUS: dict[str, GpuSpec] = {
             nvlink_gb_s=300,
             nvlink_pair_gb_s=100,
             network_gb_s=12.5,
+            host_gb_s=31.5,
+            host_memory_gib=119.2,
         ),
     )
 }

@@ -146,6 +146,12 @@ def transformer_config(
         recompute_method=m.recompute_method,
         recompute_num_layers=m.recompute_num_layers,
         recompute_modules=selective_modules(m) or None,
+        # Transformer Engine's offload hooks move the first layers' saved activations to the
+        # host and back; the weights stay on the GPU.
+        cpu_offloading=m.cpu_offloading_num_layers > 0,
+        cpu_offloading_num_layers=m.cpu_offloading_num_layers,
+        cpu_offloading_activations=True,
+        cpu_offloading_weights=False,
         mtp_num_layers=m.mtp_num_layers,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,

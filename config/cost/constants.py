@@ -103,6 +103,13 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "NCCL bus bandwidth / NIC line rate across nodes: ~45 of 50 GB/s per 400 Gb/s NIC, what "
         "nccl-tests measure across DGX H100 nodes on InfiniBand NDR",
     ),
+    "host_link": (
+        0.80,
+        "pinned host-device copies / the link's one-way figure (config/hardware.py host_gb_s): "
+        "cudaMemcpyAsync between pinned host memory and an H100 over PCIe Gen5 x16 moves ~50-55 "
+        "of 63 GB/s (CUDA's bandwidthTest, nvbandwidth); taken for NVLink-C2C too. Not fitted: "
+        "the published runs that offload (Megatron-FSDP on GB200/GB300) hide their copies",
+    ),
     "tp_exposed": (
         0.40,
         "share of TP collectives not hidden: TE's userbuffers overlap the rest with the GEMMs "
@@ -191,6 +198,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_dim": (32.0, 512.0),
     "nvlink": (0.5, 0.95),
     "network": (0.5, 0.95),
+    "host_link": (0.5, 0.95),
     # NCCL's latencies (src/graph/tuning.cc), within a factor of two of its figures.
     **{
         name: (VALUES[name] / 2, VALUES[name] * 2)

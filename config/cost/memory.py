@@ -46,6 +46,9 @@ job runs out of memory on its most loaded rank.
   the next microbatch with the backward of the last layer left of the previous one and frees
   that layer's state (model_chunk_schedule_plan.py), so the two microbatches together hold one
   microbatch's layers and the pair's.
+- CPU activation offloading (model.cpu_offloading_num_layers = n): the first n decoder layers'
+  activations leave for host memory as soon as each layer's forward ends; the GPU holds the
+  other layers' and one offloaded layer's on its way out or back (config/cost/offload.py).
 - Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
   entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
 - Overhead: a constant, see OVERHEAD_GIB.
@@ -73,6 +76,10 @@ OVERHEAD_GIB = 3.0
 # measured runs and the allocator's fragmentation late in a run. Every published run is predicted
 # within it. `recipes check` (and so `recipes run`) and `recipes plan` judge fit by `fits` alone.
 MEMORY_MARGIN = 0.08
+# The share of a node's memory per GPU that offloaded activations may pin. Megatron-Bridge's
+# offloading recipes (bench/published_table.py OFFLOAD_SETTINGS) pin up to 73% of it by this
+# estimate (Llama 3.1 405B, 95 layers on 128 GB200s: 163 of 223.5 GiB), Llama 3 70B on GB200 65%.
+HOST_SHARE = 0.8
 
 
 def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> float:
@@ -83,6 +90,20 @@ def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> fl
 def fits(total_gib: float, gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> bool:
     """Whether a predicted peak of `total_gib` per GPU fits a GPU of `gpu_memory_gib`."""
     return total_gib <= memory_limit_gib(gpu_memory_gib, margin)
+
+
+def host_limit_gib(spec: GpuSpec) -> float:
+    """The most pinned host memory per GPU that CPU activation offloading may take: HOST_SHARE of
+    the node's memory per GPU (the rest for the OS, the data loader and checkpoint buffers)."""
+    return spec.host_memory_gib * HOST_SHARE
+
+
+def fits_memory(memory: MemoryEstimate, spec: GpuSpec, margin: float = MEMORY_MARGIN) -> bool:
+    """Whether a config's predicted memory fits its GPU (keeping `margin` free) and what it
+    offloads fits its host memory: what `recipes check` and `recipes plan` judge fit by."""
+    return fits(memory.total_gib, spec.memory_gib, margin) and memory.host_gib <= host_limit_gib(
+        spec
+    )
 
 
 def limit_text(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> str:
@@ -273,6 +294,7 @@ class MemoryEstimate:
     params_per_gpu: int  # on the most loaded pipeline rank
     microbatches_in_flight: float
     pipeline_rank: int  # which rank is the most loaded one
+    host_gib: float = 0.0  # pinned host memory per GPU: CPU activation offloading's copies
 
 
 def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
@@ -339,6 +361,18 @@ def _in_flight(pp: int, vpp: int, rank: int, microbatches: int, extra: int = 0) 
     return [rounds * pp + min(max(rest - stage * pp, 0), pp) for stage in range(vpp)]
 
 
+def layer_saved_bytes(cfg: TrainingConfig, derived: Derived, moe: bool) -> float:
+    """Bytes a decoder layer saves for its backward, per microbatch on one GPU, before any
+    recompute: what a microbatch in flight holds of it, and what offloading copies to the host."""
+    m, par = cfg.model, cfg.parallel
+    tp = par.tensor_model_parallel_size
+    sp_div = tp if par.sequence_parallel and tp > 1 else 1  # what splits the outside part
+    tokens = m.seq_length // par.context_parallel_size * cfg.train.micro_batch_size
+    lin = 1 if derived.preset.fp8_recipe is not None else 2  # TE's FP8 linear inputs: 1 byte
+    outside, inside = layers.layer_activations(m, moe, lin)
+    return tokens * (outside / sp_div + inside / tp)
+
+
 def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> MemoryEstimate:
     """Predicted memory per GPU on the most loaded pipeline rank.
 
@@ -362,7 +396,8 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     kinds = (False, bool(m.num_moe_experts))
     freed = {moe: layers.discarded(m, moe, lin) for moe in kinds}  # by selective recompute
     rebuilt = {moe: tokens * (freed[moe][0] / sp_div + freed[moe][1] / tp) for moe in kinds}
-    layer_act = {moe: act(m, moe, tokens, sp_div) - rebuilt[moe] for moe in kinds}
+    layer_act = {moe: layer_saved_bytes(cfg, derived, moe) - rebuilt[moe] for moe in kinds}
+    offload = m.cpu_offloading_num_layers  # the first this many decoder layers' go to the host
     kept_input = 2 * h * tokens / sp_div  # what a fully recomputed layer keeps
     group = m.recompute_num_layers or 1  # layers rebuilt together by full recompute
     vision_enc, vision_proj, vision_act = 0, 0, 0.0
@@ -378,8 +413,9 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     lm = "frozen" if frozen_lm else "dense"  # where LM params go
     adapters = {moe: lora_parameters(cfg, moe) for moe in (False, True)} if lora else None
     # Per rank: dense (optimizer over DP x CP), expert (over expert DP), frozen (weights only),
-    # decoder (layer params, which FP8 caches), working (full recompute's rebuilt layers), logits.
-    keys = ("dense", "expert", "frozen", "decoder", "working", "logits")
+    # decoder (layer params, which FP8 caches), working (full recompute's rebuilt layers, or the
+    # offloaded layer in transit), logits, host (the offloaded layers' activations, pinned).
+    keys = ("dense", "expert", "frozen", "decoder", "working", "logits", "host")
     ranks = [dict.fromkeys(keys, 0.0) for _ in range(pp)]
     acts = [[0.0] * vpp for _ in range(pp)]
     e_rank = next(i % pp for i, c in enumerate(chunks) if "E" in c)
@@ -398,6 +434,11 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
             r["expert" if lm == "dense" else lm] += experts if moe else 0.0
             r["dense"] += adapters[moe] if adapters else 0.0
             r["decoder"] += dense / tp + (experts if moe else 0.0)
+            if c == "t" and offload > 0:  # on the host but one on its way: in "working"
+                offload -= 1
+                r["working"] = max(r["working"], layer_act[moe])
+                r["host"] += layer_act[moe]
+                continue
             acts[rank][stage] += kept_input if recomputed else layer_act[moe]
             acts[rank][stage] += 8 * h * tokens / sp_div if c == "m" else 0  # MTP norms, concat
             if recomputed:
@@ -441,6 +482,18 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
         total = sum(parts) + OVERHEAD_GIB
         in_flight = sum(counts) / vpp
         estimates.append(
-            MemoryEstimate(w, g, o, a, lg, OVERHEAD_GIB, total, round(params), in_flight, rank)
+            MemoryEstimate(
+                w,
+                g,
+                o,
+                a,
+                lg,
+                OVERHEAD_GIB,
+                total,
+                round(params),
+                in_flight,
+                rank,
+                r["host"] / GIB,
+            )  # fmt: skip
         )
     return max(estimates, key=lambda e: e.total_gib)  # the first of the most loaded ranks

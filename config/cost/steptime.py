@@ -6,7 +6,8 @@ login node, so nothing here imports torch. A step on the slowest pipeline rank i
     microbatches x (that rank's time per microbatch)          compute and exposed communication
   + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
   + pipeline sends and a fixed cost per model chunk + data-parallel gradient/parameter traffic
-    not hidden + the optimizer step + the wait for the slowest GPU (below)
+    not hidden + the optimizer step + the wait for the slowest GPU (below) + what the layers'
+    compute does not hide of CPU activation offloading's host copies (config/cost/offload.py)
 
 and a rank's time per microbatch is the sum over its layers (forward and backward) of:
 
@@ -43,11 +44,10 @@ forward that hide the others: they grow with the data-parallel size (config/layo
 overhead is one fixed cost per layer and microbatch. Identical GPUs run a little apart (power
 management, manufacturing): every step waits for the slowest of the job's, whose compute (GEMMs,
 attention, memory-bound work) takes gpu_speed_sigma x `slowest_of(GPUs)` longer than a mean
-GPU's (the `straggler` term). Not modelled: network jitter and
-failing nodes, load imbalance between experts (the published MoE runs force-balance them), CUDA
-graphs, the vision encoder's compute, and
-communication contending with compute for SMs and memory bandwidth (except where it overlaps
-every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
+GPU's (the `straggler` term). Not modelled: network jitter and failing nodes, load imbalance
+between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
+compute, and communication contending with compute for SMs and memory bandwidth (except where it
+overlaps every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
 
 The constants live in one table, config/cost/constants.py's CONSTANTS, with their sources;
 tests/unit/config/test_plan_calibration.py reports the error on every published run.
@@ -59,7 +59,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from config.cost import layers
+from config.cost import layers, offload
 from config.cost.collectives import ring, ring_latency, slowest_of
 from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import (
@@ -395,17 +395,13 @@ def predict(
     Without `detail` the layers' terms are one, "layers" (the planner's first pass prices
     thousands of layouts and needs only the total)."""
     m, par, spec = cfg.model, cfg.parallel, cluster.spec
-    chunks, dp, microbatches = (
-        derived.pipeline_chunks,
-        derived.data_parallel_size,
-        derived.num_microbatches,
-    )
+    chunks, dp = derived.pipeline_chunks, derived.data_parallel_size
+    microbatches = derived.num_microbatches
     if not spec.bf16_tflops:
         return None
     costs = costs or layer_costs(cfg, cluster, derived, k)
-    pp = par.pipeline_model_parallel_size
+    pp, moe = par.pipeline_model_parallel_size, bool(m.num_moe_experts)
     vpp = len(chunks) // pp
-    moe = bool(m.num_moe_experts)
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
         first_moe = layers.first_moe_layer(m)
@@ -431,6 +427,10 @@ def predict(
     compute = (*costs.per_slot_compute, *(sum(t.get(n, 0.0) for n in COMPUTE) for t in selective))
     work = microbatches * sum(n * w for n, w in zip(slowest, compute, strict=True))
     step["straggler"] = k["gpu_speed_sigma"] * slowest_of(cluster.world_size) * work
+    if m.cpu_offloading_num_layers > 0:  # a dense and an MoE layer's forward and backward
+        per_layer = (costs.per_slot[0], costs.per_slot[1])
+        step["offload"] = microbatches * offload.exposed_seconds(
+            cfg, cluster, derived, per_layer, k["host_link"])  # fmt: skip
 
     # Pipeline sends: every chunk boundary, activations forward and their gradients backward,
     # each to one peer (one pair link in a mesh).

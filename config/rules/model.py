@@ -37,6 +37,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     out += _recompute(model) + _mla_query_norm(cfg, cluster) + _local_layers(cfg)
+    out += _offloading(cfg, cluster)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
     if delayed and discarded:
@@ -183,6 +184,54 @@ def _recompute(model: ModelConfig) -> list[Problem]:
             )
         )
     return out + _recompute_modules(model)
+
+
+def _offloading(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
+    """TransformerConfig.__post_init__'s CPU offloading rules (fewer layers than the model's, no
+    pipeline parallelism, no recompute) and TransformerBlock's: the offload hooks are Transformer
+    Engine's, so Megatron-Core's local layers assert."""
+    m, field = cfg.model, "model.cpu_offloading_num_layers"
+    n = m.cpu_offloading_num_layers
+    if n <= 0:
+        return []
+    out: list[Problem] = []
+    if n >= m.num_layers:
+        out.append(
+            Problem(
+                field,
+                f"is {n}, but Megatron-Core offloads fewer layers than the model's "
+                f"model.num_layers={m.num_layers}; use at most {m.num_layers - 1}",
+            )
+        )
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if pp > 1:
+        out.append(
+            Problem(
+                field,
+                f"is {n}, but Megatron-Core offloads activations only without pipeline "
+                f"parallelism (parallel.pipeline_model_parallel_size={pp}); use "
+                "parallel.pipeline_model_parallel_size=1 or model.cpu_offloading_num_layers=0",
+            )
+        )
+    if m.recompute_granularity is not None:
+        out.append(
+            Problem(
+                field,
+                f"is {n}, but Megatron-Core offloads no activations of a run that recomputes "
+                f"them (model.recompute_granularity={m.recompute_granularity}); use one: "
+                "model.recompute_granularity=null or model.cpu_offloading_num_layers=0",
+            )
+        )
+    why = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    if why:
+        out.append(
+            Problem(
+                field,
+                f"is {n}, but the offload hooks are Transformer Engine's and {why}; use "
+                "model.cpu_offloading_num_layers=0",
+            )
+        )
+    return out
 
 
 def _recompute_modules(model: ModelConfig) -> list[Problem]:

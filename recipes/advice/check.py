@@ -16,6 +16,8 @@ from config.cost.memory import (
     MemoryEstimate,
     estimate_memory,
     fits,
+    fits_memory,
+    host_limit_gib,
     limit_text,
     memory_limit_gib,
     model_flops_per_token,
@@ -50,7 +52,7 @@ class Report:
     @property
     def fits(self) -> bool:
         mem = self.memory
-        return mem is not None and fits(mem.total_gib, self.cluster.spec.memory_gib, self.margin)
+        return mem is not None and fits_memory(mem, self.cluster.spec, self.margin)
 
     @property
     def exit_code(self) -> int:
@@ -77,6 +79,7 @@ class Report:
             "memory_margin": self.margin,
             "memory_gib_per_gpu": round(mem.total_gib, 2) if mem else None,
             "memory_breakdown_gib": _breakdown(mem) if mem else None,
+            "host_memory_gib_per_gpu": round(mem.host_gib, 2) if mem else None,
             "model_tflops_per_token": self.flops_per_token / 1e12 if self.flops_per_token else None,
             "fixes": self.fixes,
             "warnings": [{"field": w.field, "message": w.message} for w in self.warnings],
@@ -99,6 +102,10 @@ def _count(value: float) -> str:
 
 def _finite(value: float) -> float | None:
     return None if value == float("inf") else value
+
+
+def _verdict(fit: bool) -> str:
+    return "fits" if fit else "DOES NOT FIT"
 
 
 def _breakdown(mem: MemoryEstimate) -> dict[str, float]:
@@ -158,6 +165,10 @@ def render(report: Report) -> str:
         lines.append(f"recompute full, {m.recompute_method}, {m.recompute_num_layers} layer(s)")
     elif m.recompute_granularity == "selective":
         lines.append(f"recompute selective: {','.join(selective_modules(m))}")
+    if m.cpu_offloading_num_layers:
+        lines.append(
+            f"offload  the first {m.cpu_offloading_num_layers} layers' activations to host"
+        )
     if report.flops_per_token:
         lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory
@@ -168,13 +179,19 @@ def render(report: Report) -> str:
         )
         for part, gib in _breakdown(mem).items():
             lines.append(f"  {part:<12}{gib:>8.1f} GiB")
-        verdict = "fits" if report.fits else "DOES NOT FIT"
+        on_gpu = fits(mem.total_gib, c.spec.memory_gib, report.margin)
         limit = (
             f" ({limit_text(c.spec.memory_gib, report.margin)})"
             if _finite(c.spec.memory_gib)
             else ""
         )
-        lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB: {verdict}{limit}")
+        lines.append(f"  {'total':<12}{mem.total_gib:>8.1f} GiB: {_verdict(on_gpu)}{limit}")
+        if mem.host_gib:  # CPU activation offloading's pinned copies
+            host, most = mem.host_gib, host_limit_gib(c.spec)
+            lines.append(
+                f"  {'host':<12}{host:>8.1f} GiB pinned: {_verdict(host <= most)} (at most "
+                f"{most:.1f} of the node's {c.spec.host_memory_gib:.1f} GiB per GPU)"
+            )
     if report.warnings:
         lines.append("")
         lines.append(f"{len(report.warnings)} warning(s), valid all the same:")

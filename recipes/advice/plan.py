@@ -6,6 +6,8 @@ layout and micro batch size the planner takes the least recompute that fits (non
 the attention kernel, selective of the light modules (MLA's up projections, the norms, the experts'
 activation), selective of those and the MLPs, full recompute of the first n layers of every chunk,
 then of every layer): recompute only costs time, so more of it than fits needs is never faster.
+At PP 1 it also tries CPU activation offloading instead (the fewest layers that fit: each copy
+adds time or none) and keeps whichever is faster.
 The distributed optimizer stays on unless pinned off: a reduce-scatter plus an all-gather move an
 all-reduce's bytes, so a plan without it is neither faster nor smaller. At PP 1 each layout is
 also tried with Megatron-FSDP (parallel.use_megatron_fsdp), which shards weights and gradients too
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
 from config import layout as layouts
+from config.backend import local_layers, run_device
 from config.cost import layers
 from config.cost.constants import TIE_RANGE, VALUES
 from config.cost.memory import (
@@ -41,7 +45,7 @@ from config.cost.memory import (
     bytes_per_parameter,
     count_parameters,
     estimate_memory,
-    fits,
+    fits_memory,
     memory_limit_gib,
     rank_params,
     shard_params,
@@ -66,7 +70,14 @@ from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
 from config.rules.moe_overlap import layout_obstacles
 from config.schema import TrainingConfig
-from recipes.advice.space import PAR, RECOMPUTE_KEYS, Shape, recompute_choices, shapes
+from recipes.advice.space import (
+    PAR,
+    RECOMPUTE_KEYS,
+    Shape,
+    offload_choices,
+    recompute_choices,
+    shapes,
+)
 
 # The fields the planner chooses, and so the fields a command-line override pins.
 LAYOUT_FIELDS = (
@@ -147,7 +158,7 @@ def _apply(
     par.sequence_parallel = shape.tp > 1 if sp is None else sp and shape.tp > 1
     work.train.micro_batch_size = mbs
     m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute[:3]
-    m.recompute_modules = recompute[3]
+    m.recompute_modules, m.cpu_offloading_num_layers = recompute[3:]
     overlap, pinned_a2a = a2a
     if overlap and not pinned_a2a:
         overlap = not layout_obstacles(m, shape.ep, shape.pp, shape.vpp or 1)
@@ -266,6 +277,8 @@ def plan(
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
     a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
+    # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
+    transformer_engine = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster)) is None
     for shape in shapes(cfg, cluster, pinned, inside):
         recompute = recompute_choices(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
@@ -288,9 +301,15 @@ def plan(
             break  # no plan left can beat the top ones: recompute only adds time
         group = _group(shape)
         recomputes = recompute_choices(cfg, shape, pinned)
-        for fsdp in _shardings(shape, pinned, fsdp_runs):  # DDP, then Megatron-FSDP
+        offloads = offload_choices(cfg, shape, pinned, transformer_engine)
+        # DDP, then Megatron-FSDP; each with recompute, then with offloading instead.
+        for fsdp, savers in itertools.product(
+            _shardings(shape, pinned, fsdp_runs), (recomputes, offloads)
+        ):
             beat = min(kth, found[group].step.seconds if group in found else kth)
-            fitting = _fitting(work, cluster, shape, mbs, recomputes, margin, sp, fsdp, a2a)
+            fitting = _fitting(
+                work, cluster, shape, mbs, savers, margin, sp, fsdp, a2a, savers is offloads
+            )
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
                 if step is None or step.seconds >= beat:
@@ -396,12 +415,15 @@ def _fitting(
     sp: bool | None = None,
     fsdp: bool = False,
     a2a: tuple[bool, bool] = (False, False),
+    ordered: bool = False,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory (fitting as `recipes check` judges it, keeping `margin` of the memory free).
 
     The last of `recomputes` saves the most, so when it does not fit nothing does; the others are
-    tried in order (selective and block recompute do not save memory in a fixed order)."""
+    tried in order (selective and block recompute do not save memory in a fixed order). `ordered`:
+    each saves more than the one before (offloading more layers), so the first that fits is
+    found by bisection."""
 
     def fitting(index: int) -> tuple[Derived, MemoryEstimate] | None:
         _apply(work, shape, mbs, recomputes[index], sp, fsdp, a2a)
@@ -409,13 +431,15 @@ def _fitting(
         if derived is None:
             return None
         memory = estimate_memory(work, cluster, derived)
-        return (
-            (derived, memory) if fits(memory.total_gib, cluster.spec.memory_gib, margin) else None
-        )
+        return (derived, memory) if fits_memory(memory, cluster.spec, margin) else None
 
-    if fitting(len(recomputes) - 1) is None:
+    if not recomputes or fitting(len(recomputes) - 1) is None:
         return
-    for index in range(len(recomputes)):
+    first, last = 0, len(recomputes) - 1  # the first that fits is in [first, last]
+    while ordered and first < last:
+        middle = (first + last) // 2
+        first, last = (first, middle) if fitting(middle) else (middle + 1, last)
+    for index in range(first, len(recomputes)):
         chosen = fitting(index)
         if chosen:
             yield chosen

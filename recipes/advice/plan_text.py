@@ -69,6 +69,8 @@ def render(
             )
         elif recompute == "selective" and fields["model.recompute_modules"] != "None":
             recompute = fields["model.recompute_modules"]
+        elif fields["model.cpu_offloading_num_layers"] != "0":
+            recompute = f"offload {fields['model.cpu_offloading_num_layers']}"
         rows.append(
             (p, fields["train.micro_batch_size"], "-" if recompute == "None" else recompute)
         )

@@ -1,6 +1,7 @@
 """The planner's search space: every parallel layout of a model on a cluster (TP, CP, PP with its
 virtual stages and pipeline layout, EP, ETP), and the recompute choices of each, from the
-cheapest to the most memory-saving. recipes/advice/plan.py prices them."""
+cheapest to the most memory-saving, and at PP 1 the CPU activation offloading ones.
+recipes/advice/plan.py prices them."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from config.hardware import Cluster
 from config.rules.topology import group_block
 from config.schema import TrainingConfig
 
-# The recompute fields, in the order of the planner's recompute tuples.
+# The recompute fields and CPU activation offloading's, in the order of the planner's recompute
+# tuples: what a layout trades time for memory with.
 RECOMPUTE_KEYS = (
     "model.recompute_granularity",
     "model.recompute_method",
     "model.recompute_num_layers",
     "model.recompute_modules",
+    "model.cpu_offloading_num_layers",
 )
 PAR = "parallel."
 
@@ -151,10 +154,23 @@ def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[t
     selective = [("selective", None, None, ",".join(light))] if light else []
     if mlps:
         selective.append(("selective", None, None, ",".join(light + mlps)))
-    return [
+    choices = [
         (None, None, None, None),
         ("selective", None, None, None),
         *selective,
         *full,
         ("full", "uniform", 1, None),
     ]
+    return [(*choice, 0) for choice in choices]
+
+
+def offload_choices(
+    cfg: TrainingConfig, shape: Shape, pinned: dict, transformer_engine: bool
+) -> list[tuple]:
+    """CPU activation offloading of the first 1 to num_layers - 1 layers, without recompute, from
+    the fewest (the cheapest: each layer's copies add time or none): Megatron-Core offloads only
+    at PP 1, with Transformer Engine's layers. None where the command line pins the recompute or
+    the offloading (recompute_choices gives that one choice)."""
+    if shape.pp > 1 or not transformer_engine or any(key in pinned for key in RECOMPUTE_KEYS):
+        return []
+    return [(None, None, None, None, n) for n in range(1, cfg.model.num_layers)]

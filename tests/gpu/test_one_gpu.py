@@ -1,6 +1,7 @@
 """What one GPU can run that tests/gpu/test_gpu.py does not: FP16 with its loss scale, MoE with the
-alltoall dispatcher at EP=1, Megatron-FSDP (with FP8 where the GPU has it) and its checkpoint,
-LLaVA through Energon, and SDPA on its fused kernels.
+alltoall dispatcher at EP=1, Megatron-FSDP (with FP8 where the GPU has it) and its checkpoint, CPU
+activation offloading (with Transformer Engine), LLaVA through Energon, and SDPA on its fused
+kernels.
 
 Marked `gpu`: skipped where torch sees no CUDA device. `make gpu-check` runs them on a lent GPU.
 """
@@ -49,6 +50,17 @@ def test_megatron_fsdp_on_one_gpu_matches_ddp_and_saves(runs: Runs) -> None:
     if torch.cuda.get_device_capability() >= (9, 0):
         preset = "precision=bf16_with_fp8_current_scaling_mixed"
         assert_learns(runs.metrics("gpu_fsdp_fp8", 1, [*fsdp, preset]))
+
+
+def test_cpu_activation_offloading_trains_as_without(runs: Runs) -> None:
+    """Transformer Engine's offload hooks (model.cpu_offloading_num_layers): the first layers'
+    activations go to the host and back, and the losses are the run's without offloading."""
+    pytest.importorskip("transformer_engine")
+    base = runs.metrics("gpu_ddp_bf16", 1, CUDA)
+    offloaded = runs.metrics("gpu_offload_bf16", 1, [*CUDA, "model.cpu_offloading_num_layers=2"])
+    for a, b in zip(offloaded, base, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-2), a["step"]
+    assert_learns(offloaded)
 
 
 def test_llava_trains_on_one_gpu(tmp_path: Path) -> None:

@@ -122,6 +122,28 @@ def _recompute_cases() -> list[tuple[list[str], str | None]]:
     return out
 
 
+def _offload_cases() -> list[tuple[list[str], str | None]]:
+    """CPU activation offloading: layer counts around the model's 32, with and without PP and
+    recompute."""
+    recomputes = (
+        [],
+        ["model.recompute_granularity=full", "model.recompute_method=uniform",
+         "model.recompute_num_layers=1"],
+        ["model.recompute_granularity=selective"],
+    )  # fmt: skip
+    out = []
+    for n in (0, 1, 16, 31, 32, 40):
+        for pp in (1, 2):
+            for recompute in recomputes:
+                overrides = [
+                    f"model.cpu_offloading_num_layers={n}",
+                    f"parallel.pipeline_model_parallel_size={pp}",
+                    *recompute,
+                ]
+                out.append((overrides, None))
+    return out
+
+
 def _recompute_module_cases() -> list[tuple[list[str], str | None]]:
     """model.recompute_modules against each granularity, with and without MLA and grouped GEMMs."""
     out = []
@@ -252,7 +274,11 @@ def _layout_cases(rng: random.Random) -> list[tuple[list[str], str | None]]:
 def _cases() -> list[tuple[list[str], str | None]]:
     rng = random.Random(SEED)
     return (
-        _recompute_cases() + _recompute_module_cases() + _parallel_cases(rng) + _layout_cases(rng)
+        _recompute_cases()
+        + _recompute_module_cases()
+        + _offload_cases()
+        + _parallel_cases(rng)
+        + _layout_cases(rng)
     )
 
 
@@ -289,6 +315,9 @@ def test_both_verdicts_occur() -> None:
         "interleaved",
         "bf16",
         "num_query_groups",
+        "CPU offloading",
+        "Pipeline parallelism with CPU offloading",
+        "CPU offloading does not work when activation recomputation",
     ):
         assert any(kind in v for v in refused), kind
 

@@ -31,7 +31,7 @@ from recipes.advice.plan import (
     pinned,
     plan,
 )
-from recipes.advice.space import recompute_choices, shapes
+from recipes.advice.space import offload_choices, recompute_choices, shapes
 from recipes.cli import main
 from recipes.registry import resolve
 
@@ -71,21 +71,21 @@ def test_every_plan_is_valid_and_fits_by_check(recipe: str, cluster: Cluster) ->
 
 
 def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
-    """Every layout x micro batch x recompute x DDP or Megatron-FSDP through `check`, the fastest
-    of each group."""
+    """Every layout x micro batch x (recompute, or CPU activation offloading of any number of
+    layers) x DDP or Megatron-FSDP through `check`, the fastest of each group."""
     _, cfg = resolve(recipe, [])
     cfg.optimizer.use_distributed_optimizer = True
     best: dict[tuple, float] = {}
-    limit = cluster.spec.memory_gib * (1 - MEMORY_MARGIN)
     fsdp_runs = _fsdp_runs(cfg, cluster)
     for shape in shapes(cfg, cluster, {}):
+        savers = recompute_choices(cfg, shape, {}) + offload_choices(cfg, shape, {}, True)
         for mbs, recompute, fsdp in itertools.product(
-            MICRO_BATCHES, recompute_choices(cfg, shape, {}), _shardings(shape, {}, fsdp_runs)
+            MICRO_BATCHES, savers, _shardings(shape, {}, fsdp_runs)
         ):
             trial = copy.deepcopy(cfg)
             _apply(trial, shape, mbs, recompute, fsdp=fsdp)
             report = check(trial, cluster, suggest_fixes=False)
-            if not report.valid or report.memory.total_gib > limit:
+            if not report.valid or not report.fits:
                 continue
             seconds = predict(trial, cluster, derive(trial, cluster)).seconds
             group = (shape.tp, shape.pp, shape.cp, shape.ep, shape.etp)
@@ -95,12 +95,25 @@ def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
 
 @pytest.mark.parametrize(
     ("recipe", "cluster"),
-    [("llama3_8b_pretrain", H100), ("qwen3_30b_a3b_pretrain", Cluster(1, 8, "b200"))],
+    [
+        ("llama3_8b_pretrain", H100),
+        ("qwen3_30b_a3b_pretrain", Cluster(1, 8, "b200")),
+        ("llama3_8b_pretrain", Cluster(1, 4, "gh200")),  # offloading over NVLink-C2C wins
+    ],
 )
 def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cluster) -> None:
-    """The bound and the weights-only memory cut lose nothing."""
+    """The bound, the weights-only memory cut and the bisection of the offloaded layers lose
+    nothing."""
     found = _plans(recipe, [], cluster, top=5)
     expected = _exhaustive(recipe, cluster, 5)
+    if cluster.gpu == "gh200":  # the fewest offloaded layers that fit (copies hidden or not)
+        fields = dict(o.split("=", 1) for o in found[0].overrides)
+        n = int(fields.pop("model.cpu_offloading_num_layers"))
+        assert n > 0
+        fewer = [f"{k}={v}" for k, v in fields.items()] + [
+            f"model.cpu_offloading_num_layers={n - 1}"
+        ]
+        assert not check(resolve(recipe, fewer)[1], cluster, suggest_fixes=False).fits
     got = [
         ((p.shape.tp, p.shape.pp, p.shape.cp, p.shape.ep, p.shape.etp), p.step.seconds)
         for p in found
