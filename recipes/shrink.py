@@ -40,6 +40,8 @@ def shrink(cfg: TrainingConfig) -> TrainingConfig:
     chunks = par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
     model.num_layers = 2 * chunks
     par.pipeline_model_parallel_layout = None  # 2 layers per chunk split evenly
+    if model.cpu_offloading_num_layers:  # offloading runs at PP 1: one layer of the two
+        model.cpu_offloading_num_layers = 1
     model.hidden_size = HIDDEN
     model.num_attention_heads = max(4, tp)
     model.kv_channels = HEAD_DIM
@@ -160,7 +162,8 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
       alltoall overlap goes (the same computation, one microbatch after another);
     - context parallel: the whole sequence on each rank (same model and loss, more memory);
     - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
-    - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16).
+    - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16);
+    - CPU activation offloading: off (Transformer Engine's hooks; the activations stay put).
     The checker's `cpu` rule (config/rules/precision.py) refuses the same features without
     --shrink, when the user asked for the CPU with a layout of their own.
     """
@@ -195,6 +198,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "parallel only with Transformer Engine's attention)"
         )
         par.sequence_parallel = False
+    if model.cpu_offloading_num_layers:
+        changes.append(
+            f"model.cpu_offloading_num_layers: {model.cpu_offloading_num_layers} -> 0 "
+            "(Transformer Engine's offload hooks; the same activations stay in memory)"
+        )
+        model.cpu_offloading_num_layers = 0
     preset = PRESETS.get(cfg.precision)
     if preset is not None and preset.fp8_recipe is not None:
         fmt = "FP4" if preset.fp8_recipe == "nvfp4" else "FP8"

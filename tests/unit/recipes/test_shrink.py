@@ -114,6 +114,20 @@ def test_the_shared_expert_overlap_goes_with_the_alltoall() -> None:
     assert problems(cfg) == []
 
 
+def test_cpu_activation_offloading_goes_and_a_gpu_keeps_one_layer_of_it() -> None:
+    """Transformer Engine's offload hooks: the CPU keeps its activations (the checker would refuse
+    them), a shrunken GPU run offloads one of its two layers (fewer than the model's)."""
+    offload = ["model.cpu_offloading_num_layers=24"]
+    cfg = shrunk("llama32_1b_pretrain", offload)
+    assert cfg.model.cpu_offloading_num_layers == 1
+    (change,) = cpu_substitutes(cfg)
+    assert change.startswith("model.cpu_offloading_num_layers: 1 -> 0 (")
+    fit_to_world(cfg, 4)
+    assert problems(cfg) == []
+    gpu = shrink(apply_overrides(all_recipes()["llama32_1b_pretrain"].config(), offload))
+    assert validate(gpu, Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")) == []
+
+
 def test_a_recipe_the_cpu_runs_as_is_is_left_alone() -> None:
     cfg = shrunk("llama32_1b_pretrain")
     assert cpu_substitutes(cfg) == []
