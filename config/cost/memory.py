@@ -101,9 +101,8 @@ def host_limit_gib(spec: GpuSpec) -> float:
 def fits_memory(memory: MemoryEstimate, spec: GpuSpec, margin: float = MEMORY_MARGIN) -> bool:
     """Whether a config's predicted memory fits its GPU (keeping `margin` free) and what it
     offloads fits its host memory: what `recipes check` and `recipes plan` judge fit by."""
-    return fits(memory.total_gib, spec.memory_gib, margin) and memory.host_gib <= host_limit_gib(
-        spec
-    )
+    on_host = memory.host_gib <= host_limit_gib(spec)
+    return fits(memory.total_gib, spec.memory_gib, margin) and on_host
 
 
 def limit_text(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> str:
@@ -478,22 +477,13 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
         activations += max(layer_act.values()) if overlap and vpp == 1 else 0.0  # the pair's
         parts = tuple(x / GIB for x in (weights, grads, optimizer, activations, r["logits"]))
+        host = r["host"] / GIB
         w, g, o, a, lg = parts
         total = sum(parts) + OVERHEAD_GIB
         in_flight = sum(counts) / vpp
         estimates.append(
             MemoryEstimate(
-                w,
-                g,
-                o,
-                a,
-                lg,
-                OVERHEAD_GIB,
-                total,
-                round(params),
-                in_flight,
-                rank,
-                r["host"] / GIB,
-            )  # fmt: skip
+                w, g, o, a, lg, OVERHEAD_GIB, total, round(params), in_flight, rank, host
+            )
         )
     return max(estimates, key=lambda e: e.total_gib)  # the first of the most loaded ranks

@@ -11,6 +11,8 @@ seldom. config/cost/memory.py counts what stays on the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from config.cost import layers
 from config.cost.memory import layer_saved_bytes
 from config.finalize import Derived
@@ -30,7 +32,7 @@ def exposed_seconds(
     cfg: TrainingConfig,
     cluster: Cluster,
     derived: Derived,
-    layer_seconds: tuple[float, float],
+    layer_seconds: Sequence[float],
     efficiency: float,
 ) -> float:
     """Seconds per microbatch the host copies add: for each offloaded layer, its copy out less the

@@ -427,10 +427,9 @@ def predict(
     compute = (*costs.per_slot_compute, *(sum(t.get(n, 0.0) for n in COMPUTE) for t in selective))
     work = microbatches * sum(n * w for n, w in zip(slowest, compute, strict=True))
     step["straggler"] = k["gpu_speed_sigma"] * slowest_of(cluster.world_size) * work
-    if m.cpu_offloading_num_layers > 0:  # a dense and an MoE layer's forward and backward
-        per_layer = (costs.per_slot[0], costs.per_slot[1])
-        step["offload"] = microbatches * offload.exposed_seconds(
-            cfg, cluster, derived, per_layer, k["host_link"])  # fmt: skip
+    if m.cpu_offloading_num_layers > 0:  # per_slot[:2]: a dense and an MoE layer's seconds
+        exposed = offload.exposed_seconds(cfg, cluster, derived, costs.per_slot[:2], k["host_link"])
+        step["offload"] = microbatches * exposed
 
     # Pipeline sends: every chunk boundary, activations forward and their gradients backward,
     # each to one peer (one pair link in a mesh).
