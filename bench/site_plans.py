@@ -5,7 +5,7 @@
 For each recipe and GPU count: the fastest layout the planner finds on JUPITER (4 GH200 per node,
 25 GB/s per GPU), Leonardo (4 A100 64 GB, 12.5 GB/s) and DGX H100 (8 H100 on NVSwitch, 50 GB/s),
 each through the shipped profile as `recipes plan --profile NAME --nodes N` takes it. Printed: the
-layout, the predicted step time and tokens per second per GPU, the share of the step spent on
+layout, its micro batch and recompute (or CPU activation offloading), the predicted step time and tokens per second per GPU, the share of the step spent on
 traffic that leaves the NVLink domain (data-parallel and pipeline traffic between nodes, an
 expert all-to-all whose group spans nodes), and the DGX H100 cluster's best layout priced on this
 site: what a layout tuned for 8-GPU NVSwitch nodes costs on 4-GPU nodes and a slower network.
@@ -28,6 +28,7 @@ from config.tree import ConfigError, apply_overrides  # noqa: E402
 from launchers.jobsize import JobSize, job_cluster  # noqa: E402
 from launchers.profile import load_profile  # noqa: E402
 from recipes.advice.plan import Plan, plan  # noqa: E402
+from recipes.advice.plan_text import memory_saver  # noqa: E402
 from recipes.registry import get  # noqa: E402
 
 CASES = [("llama3_8b_pretrain", 16), ("llama3_70b_pretrain", 64), ("qwen3_30b_a3b_pretrain", 16)]
@@ -37,10 +38,10 @@ NETWORK_TERMS = ("dp", "ep", "p2p")
 
 def main() -> int:
     print(
-        "| recipe | GPUs | site | best layout | step s | tokens/s/GPU | network share "
-        "| DGX H100's best layout here |"
+        "| recipe | GPUs | site | best layout | MBS, recompute | step s | tokens/s/GPU "
+        "| network share | DGX H100's best layout here |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, gpus in CASES:
         recipe = get(name)
         best = {}
@@ -54,13 +55,14 @@ def main() -> int:
         for site in SITES:
             cluster, top = best[site]
             if top is None:
-                print(f"| {name} | {gpus} | {site} | no layout fits | | | | |")
+                print(f"| {name} | {gpus} | {site} | no layout fits | | | | | |")
                 continue
             step = top.step
             net = sum(step.terms.get(t, 0.0) for t in NETWORK_TERMS if crosses(cluster, top, t))
             there = dgx_layout_here(recipe.config(), cluster, dgx_plan)
             print(
-                f"| {name} | {gpus} | {site} | {top.describe()} | {step.seconds:.2f} "
+                f"| {name} | {gpus} | {site} | {top.describe()} "
+                f"| {top.field('train.micro_batch_size')}, {memory_saver(top)} | {step.seconds:.2f} "
                 f"| {step.tokens_per_s_per_gpu:,.0f} | {net / step.seconds:.0%} | {there} |"
             )
     return 0

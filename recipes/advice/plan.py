@@ -115,6 +115,10 @@ class Plan:
         """The layout, and "FSDP" where Megatron-FSDP replaces Megatron DDP."""
         return self.shape.describe() + ("  FSDP" if f"{FSDP}=true" in self.overrides else "")
 
+    def field(self, path: str) -> str:
+        """A planner field's value in `overrides`, as written there ("None" for unset)."""
+        return next(o.split("=", 1)[1] for o in self.overrides if o.split("=", 1)[0] == path)
+
     def changes(self, cfg: TrainingConfig) -> list[str]:
         """The plan's overrides that differ from `cfg`: what turns `cfg` into this plan."""
         current = overrides(cfg)

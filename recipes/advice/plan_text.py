@@ -11,6 +11,19 @@ from config.schema import TrainingConfig
 from recipes.advice.plan import Plan
 
 
+def memory_saver(p: Plan) -> str:
+    """What a plan trades time for memory with, as the recompute column prints it: "-", "full
+    block 4", the selective modules, or "offload N" (CPU activation offloading)."""
+    recompute = p.field("model.recompute_granularity")
+    if recompute == "full":
+        return f"full {p.field('model.recompute_method')} {p.field('model.recompute_num_layers')}"
+    if recompute == "selective" and p.field("model.recompute_modules") != "None":
+        return p.field("model.recompute_modules")
+    if p.field("model.cpu_offloading_num_layers") != "0":
+        return f"offload {p.field('model.cpu_offloading_num_layers')}"
+    return "-" if recompute == "None" else recompute
+
+
 def command(
     name: str,
     cfg: TrainingConfig,
@@ -59,21 +72,7 @@ def render(
         f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
         "",
     ]
-    rows = []
-    for p in plans:
-        fields = dict(o.split("=", 1) for o in p.overrides)
-        recompute = fields["model.recompute_granularity"]
-        if recompute == "full":
-            recompute += (
-                f" {fields['model.recompute_method']} {fields['model.recompute_num_layers']}"
-            )
-        elif recompute == "selective" and fields["model.recompute_modules"] != "None":
-            recompute = fields["model.recompute_modules"]
-        elif fields["model.cpu_offloading_num_layers"] != "0":
-            recompute = f"offload {fields['model.cpu_offloading_num_layers']}"
-        rows.append(
-            (p, fields["train.micro_batch_size"], "-" if recompute == "None" else recompute)
-        )
+    rows = [(p, p.field("train.micro_batch_size"), memory_saver(p)) for p in plans]
     wide = max([38] + [len(p.describe()) for p in plans])
     wide_rc = max([14] + [len(r) for _, _, r in rows])
     lines.append(
