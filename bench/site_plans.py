@@ -5,10 +5,11 @@
 For each recipe and GPU count: the fastest layout the planner finds on JUPITER (4 GH200 per node,
 25 GB/s per GPU), Leonardo (4 A100 64 GB, 12.5 GB/s) and DGX H100 (8 H100 on NVSwitch, 50 GB/s),
 each through the shipped profile as `recipes plan --profile NAME --nodes N` takes it. Printed: the
-layout, its micro batch and recompute (or CPU activation offloading), the predicted step time and tokens per second per GPU, the share of the step spent on
-traffic that leaves the NVLink domain (data-parallel and pipeline traffic between nodes, an
-expert all-to-all whose group spans nodes), and the DGX H100 cluster's best layout priced on this
-site: what a layout tuned for 8-GPU NVSwitch nodes costs on 4-GPU nodes and a slower network.
+layout, its micro batch and recompute (or CPU activation offloading), the predicted step time and
+tokens per second per GPU, the share of the step spent on traffic that leaves the NVLink domain
+(data-parallel and pipeline traffic between nodes, an expert all-to-all whose group spans nodes),
+and the DGX H100 cluster's best layout priced on this site: what a layout tuned for 8-GPU
+NVSwitch nodes costs on 4-GPU nodes and a slower network.
 Torch-free: it runs on a login node in seconds.
 """
 

@@ -225,10 +225,7 @@ class ModelConfig:
     # With "selective": comma-separated RECOMPUTE_MODULES (a dotlist override is one string), e.g.
     # "mla_up_proj,mlp"; None means Megatron-Core's default, core_attn.
     recompute_modules: Optional[str] = None
-    # Megatron-Core's CPU activation offloading (cpu_offloading): what the first this-many decoder
-    # layers save for their backward goes to pinned host memory during the forward and comes back
-    # during the backward, each copy overlapping the next layer's compute. 0: none. Needs
-    # Transformer Engine, PP 1 and no recompute, and keeps at least one layer on the GPU.
+    # Megatron-Core's CPU activation offloading of the first N decoder layers; 0: none.
     cpu_offloading_num_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
 
     # Vision-language (arch "llava"): the encoder and projector in front of the language model.
