@@ -253,6 +253,32 @@ def offload_settings(model: str, system: str, precision: str, release: float) ->
     return []
 
 
+# Transformer Engine's fused grouped MLP of the experts (use_transformer_engine_op_fuser with
+# NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), part of the full-iteration CUDA-graph bundle Megatron-Bridge
+# gives MXFP8 MoE runs on Blackwell from 26.06: scripts/performance/utils/overrides.py
+# (cutedsl_fused_grouped_mlp) at v0.5.0 fcbb603110 and v0.5.1 5cb3444c43, the perf_recipes'
+# _enable_hybridep_full_iteration_mxfp8 (qwen/common.py), _enable_deepseek_full_iteration_mxfp8
+# and _apply_gpt_oss_120b_full_iter_fp8mx_configs at v0.6.0 51885cf132; tabulated as "FI" in
+# bench/data/megatron_bridge_perf_settings.md. (model, systems, precision, first, last release)
+FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
+    ("Qwen3 235B-A22B", ("GB200", "GB300"), "fp8_mx", 26.06, 99),
+    ("Qwen3 235B-A22B", ("B200", "B300"), "fp8_mx", 26.0601, 99),
+    ("Qwen3 30B-A3B", ("GB200", "GB300", "B300"), "fp8_mx", 26.06, 99),
+    ("Qwen3 30B-A3B", ("B200",), "fp8_mx", 26.0601, 99),
+    ("GPT-OSS 120B", ("GB200", "GB300"), "fp8_mx", 26.06, 99),
+    ("DeepSeek-V3", ("GB200", "GB300"), "fp8_mx", 26.06, 99),
+    ("DeepSeek-V3", ("B300",), "fp8_mx", 26.0601, 99),
+]
+
+
+def fused_settings(model: str, system: str, precision: str, release: float) -> list[str]:
+    """The fused grouped MLP where a FUSED_SETTINGS rule covers the run."""
+    for name, systems, prec, first, last in FUSED_SETTINGS:
+        if name == model and system in systems and prec == precision and first <= release <= last:
+            return ["model.moe_fused_grouped_mlp=true"]
+    return []
+
+
 def _int(text: str, default: int | None = None) -> int | None:
     return int(float(text)) if text.strip() else default
 
@@ -358,7 +384,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             settings = []
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
-                settings = moe_settings(*key)
+                settings = moe_settings(*key) + fused_settings(*key)
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
             if (
                 row["model"] == "DeepSeek-V3"

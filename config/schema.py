@@ -154,9 +154,8 @@ class ModelConfig:
     init_method_std: float = field(default=0.02, metadata=within(0, 1, low_open=True))
     hidden_dropout: float = field(default=0.0, metadata=DROPOUT)
     attention_dropout: float = field(default=0.0, metadata=DROPOUT)
-    # Sliding-window attention (GPT-OSS, Gemma 3), as Megatron-Core's window (window_size, 0):
-    # each token sees itself and the window_size tokens before it, so a config.json
-    # sliding_window of 128 is 127 here. None: full attention.
+    # Sliding-window attention (GPT-OSS, Gemma 3), as Megatron-Core's window (window_size, 0): each
+    # token sees itself and the window_size tokens before it (config.json's 128 is 127). None: full.
     window_size: Optional[int] = field(default=None, metadata=within(0, MAX_SEQ))
     # With a window: every window_attn_skip_freq-th layer (counted from 1) attends in full
     # (GPT-OSS: 2, windowed and full layers alternate; Gemma 3: 6); None: every layer is windowed.
@@ -205,6 +204,9 @@ class ModelConfig:
     # the routed tokens (Megatron-Core's moe_shared_expert_overlap).
     moe_shared_expert_overlap: bool = False
     moe_grouped_gemm: bool = False
+    # FC1, activation and FC2 of the experts as one Transformer Engine op (its CuTe DSL kernel on
+    # Blackwell: Megatron-Core's use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP).
+    moe_fused_grouped_mlp: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).
     multi_latent_attention: bool = False

@@ -14,6 +14,7 @@ where the preset asks for it. Weights stay in BF16 (fp8_param off).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -203,6 +204,8 @@ def transformer_config(
             moe_flex_dispatcher_backend=m.moe_flex_dispatcher_backend,
             moe_shared_expert_overlap=m.moe_shared_expert_overlap,
             moe_grouped_gemm=m.moe_grouped_gemm,
+            # The experts' FC1, activation and FC2 as one Transformer Engine op (build_chunks).
+            use_transformer_engine_op_fuser=m.moe_fused_grouped_mlp,
             # How the router turns scores into weights (models/hf/ names each family's choice):
             # softmax before or after the top k, DeepSeek-V3's expert bias, group-limited routing
             # and scaled weights.
@@ -270,6 +273,10 @@ def build_chunks(
     # Packed rows attend within their segments only: an explicit block-diagonal mask.
     masked = masks_packed_rows(cfg)
     num_chunks = chunks_per_rank(cfg, derived)
+    if m.moe_fused_grouped_mlp:
+        # Megatron-Core's experts (at build) and Transformer Engine's op fuser (at each forward)
+        # fuse a gated activation's grouped MLP into the CuTe DSL kernel only where this is set.
+        os.environ["NVTE_CUTEDSL_FUSED_GROUPED_MLP"] = "1"
     chunks = []
     for vp_stage in range(num_chunks):
         stage = vp_stage if num_chunks > 1 else None

@@ -163,7 +163,8 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
     - context parallel: the whole sequence on each rank (same model and loss, more memory);
     - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
     - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16);
-    - CPU activation offloading: off (Transformer Engine's hooks; the activations stay put).
+    - CPU activation offloading: off (Transformer Engine's hooks; the activations stay put);
+    - the fused grouped MLP of the experts: off (Transformer Engine's op for Blackwell).
     The checker's `cpu` rule (config/rules/precision.py) refuses the same features without
     --shrink, when the user asked for the CPU with a layout of their own.
     """
@@ -204,6 +205,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "(Transformer Engine's offload hooks; the same activations stay in memory)"
         )
         model.cpu_offloading_num_layers = 0
+    if model.moe_fused_grouped_mlp:
+        changes.append(
+            "model.moe_fused_grouped_mlp: True -> False (Transformer Engine's fused op on "
+            "Blackwell; the experts compute the same)"
+        )
+        model.moe_fused_grouped_mlp = False
     preset = PRESETS.get(cfg.precision)
     if preset is not None and preset.fp8_recipe is not None:
         fmt = "FP4" if preset.fp8_recipe == "nvfp4" else "FP8"

@@ -73,6 +73,15 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "expert_half_dim on Blackwell, whose grouped GEMMs (TE's, on CUTLASS) run narrow experts "
         "closer to the dense rate; fitted on the calibration part of bench/data/published_perf.csv",
     ),
+    "expert_half_dim_fused": (
+        550.0,
+        "expert_half_dim for Transformer Engine's fused grouped MLP (model.moe_fused_grouped_mlp: "
+        "FC1, activation and FC2 in one CuTe DSL kernel on Blackwell, no quantize or activation "
+        "pass between them); fitted on the calibration part of bench/data/published_perf.csv, "
+        "whose 8 fused runs (Qwen3 30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) "
+        "give fit loss 0.1250 at 128, 0.1224 at 400, 0.1207 at 500, 0.1206 at 550, 0.1208 at "
+        "600, 0.1255 at 1000; their errors go from -41%..-17% unfused to -15%..+22%",
+    ),
     "attention_half_len": (
         512.0,
         "the query/key block length at which flash attention loses half its rate: context "
@@ -198,6 +207,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gpu_speed_sigma": (0.0, 0.03),
     # Blackwell's grouped GEMMs no worse on narrow experts than H100's.
     "expert_half_dim_blackwell": (128.0, 3250.0),
+    "expert_half_dim_fused": (128.0, 3250.0),  # no worse than the unfused kernels
     "expert_half_dim": (128.0, 8192.0),
     "gemm_half_dim": (32.0, 512.0),
     "nvlink": (0.5, 0.95),

@@ -242,7 +242,8 @@ def layer_costs(
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
         flops = 6 * tokens * topk * layers.mlp(m, fe)[0] / t
-        experts = gemm(flops, per_expert, fe / et, h, rate, k[constant("expert_half_dim", spec)])
+        narrow = "expert_half_dim_fused" if m.moe_fused_grouped_mlp else "expert_half_dim"
+        experts = gemm(flops, per_expert, fe / et, h, rate, k[constant(narrow, spec)])
         shared = gemm(6 * tokens * layers.mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0

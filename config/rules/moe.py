@@ -5,8 +5,9 @@ holds these rules against Megatron-Core's own code."""
 
 from __future__ import annotations
 
+from config.backend import local_layers, run_device
 from config.finalize import Partial
-from config.hardware import Cluster
+from config.hardware import GPUS, Cluster
 from config.problems import Problem, choices, divisors
 from config.schema import TrainingConfig, selective_modules
 
@@ -18,7 +19,7 @@ def moe(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     if etp is None or ep < 1:
         return []  # config/rules/ranges.py names them
     # Megatron-Core lays out the expert groups at start-up whether or not the model has experts.
-    out = _expert_grid(cfg, d, ep, etp)
+    out = _expert_grid(cfg, d, ep, etp) + _fused_grouped_mlp(cfg, cluster, etp)
     if experts is None:
         if ep > 1:
             out.append(
@@ -230,6 +231,43 @@ def _group_limited(experts: int, topk: int, groups: int, group_topk: int) -> lis
             f"{fix}, or a lower model.moe_router_topk",
         )
     ]
+
+
+def _fused_grouped_mlp(cfg: TrainingConfig, cluster: Cluster, etp: int) -> list[Problem]:
+    """model.moe_fused_grouped_mlp as Megatron-Core 0.19.2 builds it: TEGroupedMLP asserts
+    `_is_fused_impl_supported` (transformer/moe/experts.py) when the model is built, which wants
+    Transformer Engine's GroupedLinear (grouped GEMMs, TE layers), no expert tensor parallelism and
+    a gated SiLU or quick GELU; Transformer Engine's CuTe DSL kernel wants Blackwell (sm100+)."""
+    m, field = cfg.model, "model.moe_fused_grouped_mlp"
+    if not m.moe_fused_grouped_mlp:
+        return []
+    if not m.num_moe_experts:
+        why = "this model has no experts (model.num_moe_experts is unset)"
+        return [Problem(field, f"is true, but {why}; set it false")]
+    why = []
+    if not m.moe_grouped_gemm:
+        why.append("needs the experts' grouped GEMMs: set model.moe_grouped_gemm=true")
+    if etp > 1:
+        why.append(
+            f"runs without expert tensor parallelism (it is {etp}): set "
+            "parallel.expert_tensor_parallel_size=1"
+        )
+    if m.activation not in ("swiglu", "quick_geglu"):
+        why.append(
+            f"fuses a gated SiLU or quick GELU, and model.activation={m.activation!r}: use "
+            "swiglu or quick_geglu"
+        )
+    local = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    if local:
+        why.append(f"is Transformer Engine's op, and {local}")
+    gpu = GPUS.get(cluster.gpu)
+    if gpu is not None and run_device(cfg, cluster) == "cuda" and not gpu.mxfp8:
+        able = ", ".join(g for g, spec in GPUS.items() if spec.mxfp8)
+        why.append(
+            f"is a CuTe DSL kernel for Blackwell (sm100+) tensor cores, which "
+            f"{cluster.gpu.upper()} does not have: use a GPU in {able}"
+        )
+    return [Problem(field, f"is true, but the fused op {w}; or set it false") for w in why]
 
 
 def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:

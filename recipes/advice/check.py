@@ -169,6 +169,8 @@ def render(report: Report) -> str:
         lines.append(
             f"offload  the first {m.cpu_offloading_num_layers} layers' activations to host"
         )
+    if m.moe_fused_grouped_mlp:
+        lines.append("experts  FC1, activation and FC2 fused (Transformer Engine's CuTe DSL op)")
     if report.flops_per_token:
         lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory

@@ -1,7 +1,7 @@
 """What one GPU can run that tests/gpu/test_gpu.py does not: FP16 with its loss scale, MoE with the
 alltoall dispatcher at EP=1, Megatron-FSDP (with FP8 where the GPU has it) and its checkpoint, CPU
-activation offloading (with Transformer Engine), LLaVA through Energon, and SDPA on its fused
-kernels.
+activation offloading (with Transformer Engine), the experts' fused grouped MLP (Blackwell), LLaVA
+through Energon, and SDPA on its fused kernels.
 
 Marked `gpu`: skipped where torch sees no CUDA device. `make gpu-check` runs them on a lent GPU.
 """
@@ -32,6 +32,24 @@ def test_moe_alltoall_dispatcher_at_ep1(runs: Runs) -> None:
     moe = ["model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64"]
     moe += ["model.moe_token_dispatcher_type=alltoall", "parallel.expert_model_parallel_size=1"]
     assert_learns(runs.metrics("gpu_moe_ep1", 1, [*CUDA, *moe]))
+
+
+def test_fused_grouped_mlp_trains_as_the_unfused_experts(runs: Runs) -> None:
+    """Transformer Engine's fused grouped MLP (model.moe_fused_grouped_mlp, Blackwell): the
+    experts' FC1, SwiGLU and FC2 as one op, with the losses of the unfused grouped GEMMs."""
+    import torch
+
+    pytest.importorskip("transformer_engine")
+    if torch.cuda.get_device_capability() < (10, 0):
+        pytest.skip("the CuTe DSL kernel needs Blackwell (sm100+)")
+    moe = [*CUDA, "model.num_moe_experts=4", "model.moe_router_topk=2"]
+    moe += ["model.moe_ffn_hidden_size=64", "model.moe_grouped_gemm=true"]
+    moe += ["model.moe_token_dispatcher_type=alltoall", "parallel.expert_model_parallel_size=1"]
+    base = runs.metrics("gpu_moe_grouped", 1, moe)
+    fused = runs.metrics("gpu_moe_fused", 1, [*moe, "model.moe_fused_grouped_mlp=true"])
+    for a, b in zip(fused, base, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-2), a["step"]
+    assert_learns(fused)
 
 
 def test_megatron_fsdp_on_one_gpu_matches_ddp_and_saves(runs: Runs) -> None:
