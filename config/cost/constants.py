@@ -27,12 +27,13 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "BF16 on Blackwell (B200, GB200, B300, GB300), of the dense BF16 peak; fitted as gemm_fp4",
     ),
     "gemm_fp8_blackwell": (
-        0.47,
+        0.517,
         "FP8 on Blackwell, per-tensor (current), blockwise or MXFP8 scaling alike: the data sheet "
         "gives Blackwell's tensor cores one FP8 rate and they apply MXFP8's block scales inside "
         "the MMA (MXFP8's extra casts are fp8_cast_bytes'); fitted as gemm_fp4. A rate of its "
         "own for MXFP8, fitted apart, went to 0.70 (above cuBLAS's large-GEMM figures) on "
-        "MoE runs whose other costs the model misses, and priced dense MXFP8 20-36% fast",
+        "MoE runs whose other costs the model misses, and priced dense MXFP8 20-36% fast. "
+        "0.47 until gemm_half_dim_blackwell was fitted with it (below)",
     ),
     "attention_blackwell": (
         0.446,
@@ -61,6 +62,15 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "1 / (1 + d0/M + d0/N + d0/K)): tensor-core tiles are 128-256 wide, so a shard narrower "
         "than a few tiles wastes them; calibrated",
     ),
+    "gemm_half_dim_blackwell": (
+        256.0,
+        "gemm_half_dim on Blackwell, whose tensor cores take tiles twice as wide (tcgen05 MMAs "
+        "of up to 256 x 256 over two SMs, against Hopper's 64 x 256 per warpgroup): a narrow "
+        "shard wastes more of them, and a wide GEMM gets nearer the peak. Fitted on the "
+        "calibration part of bench/data/published_perf.csv with gemm_fp8_blackwell and "
+        "expert_half_dim_fused (the Blackwell GEMM constants refitted at each value): fit loss "
+        "0.1199 at 141 (0.1206 at 128 unrefitted), 0.1206 at 192, 0.1188 at 256, 0.1192 at 384",
+    ),
     "expert_half_dim": (
         3250.0,
         "the same for the two weight sides of MoE experts' grouped GEMMs (their rows, the tokens "
@@ -74,13 +84,14 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "closer to the dense rate; fitted on the calibration part of bench/data/published_perf.csv",
     ),
     "expert_half_dim_fused": (
-        550.0,
+        605.0,
         "expert_half_dim for Transformer Engine's fused grouped MLP (model.moe_fused_grouped_mlp: "
         "FC1, activation and FC2 in one CuTe DSL kernel on Blackwell, no quantize or activation "
         "pass between them); fitted on the calibration part of bench/data/published_perf.csv, "
         "whose 8 fused runs (Qwen3 30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) "
         "give fit loss 0.1250 at 128, 0.1224 at 400, 0.1207 at 500, 0.1206 at 550, 0.1208 at "
-        "600, 0.1255 at 1000; their errors go from -41%..-17% unfused to -15%..+22%",
+        "600, 0.1255 at 1000 (605 with gemm_half_dim_blackwell); their errors go from "
+        "-41%..-17% unfused to -15%..+22%",
     ),
     "attention_half_len": (
         512.0,
@@ -210,6 +221,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "expert_half_dim_fused": (128.0, 3250.0),  # no worse than the unfused kernels
     "expert_half_dim": (128.0, 8192.0),
     "gemm_half_dim": (32.0, 512.0),
+    "gemm_half_dim_blackwell": (32.0, 512.0),
     "nvlink": (0.5, 0.95),
     "network": (0.5, 0.95),
     "host_link": (0.5, 0.95),

@@ -158,7 +158,7 @@ def layer_costs(
     tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
     peak, kind = gemm_peak(cfg, cluster, derived)
     lin = 1 if kind != "bf16" else 2
-    half = k["gemm_half_dim"]
+    half = k[constant("gemm_half_dim", spec)]
 
     def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, wide=half) -> float:
         """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
