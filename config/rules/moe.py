@@ -242,9 +242,9 @@ def _fused_grouped_mlp(cfg: TrainingConfig, cluster: Cluster, etp: int) -> list[
     if not m.moe_fused_grouped_mlp:
         return []
     if not m.num_moe_experts:
-        why = "this model has no experts (model.num_moe_experts is unset)"
-        return [Problem(field, f"is true, but {why}; set it false")]
-    why = []
+        none = "this model has no experts (model.num_moe_experts is unset)"
+        return [Problem(field, f"is true, but {none}; set it false")]
+    why: list[str] = []
     if not m.moe_grouped_gemm:
         why.append("needs the experts' grouped GEMMs: set model.moe_grouped_gemm=true")
     if etp > 1:
