@@ -24,3 +24,9 @@ def local_layers(lora: bool, device: str) -> str | None:
     if device != "cuda":
         return "the CPU runs without Transformer Engine"
     return None
+
+
+def te_layers(cfg: TrainingConfig, cluster: Cluster) -> bool:
+    """Whether `cfg` on `cluster` builds Transformer Engine's layers, and with them its fused cross
+    entropy for the loss (models/gpt.py `transformer_config`), as the checker sees it."""
+    return local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster)) is None

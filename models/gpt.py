@@ -117,6 +117,7 @@ def transformer_config(
     m, par = cfg.model, cfg.parallel
     vpp = chunks_per_rank(cfg, derived)
     lora = cfg.peft.scheme != "none"
+    te = choose_backend(device, lora) == "te"
     fields: dict[str, Any] = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -170,7 +171,11 @@ def transformer_config(
         batch_p2p_comm=vpp == 1,
         # Free each pipeline output's data once it has been sent (Megatron-LM's default).
         deallocate_pipeline_outputs=True,
-        transformer_impl="transformer_engine" if choose_backend(device, lora) == "te" else "local",
+        transformer_impl="transformer_engine" if te else "local",
+        # The loss in Transformer Engine's fused cross entropy where its layers are built: it
+        # keeps the BF16 logits alone for the backward (config/cost/memory.py `logit_bytes`).
+        cross_entropy_loss_fusion=te,
+        cross_entropy_fusion_impl="te" if te else "native",
         # On the CPU, build weights with the CPU generator and slice them per TP rank.
         use_cpu_initialization=device == "cpu",
         **_precision_fields(derived.preset, dtype),

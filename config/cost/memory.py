@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from config.backend import te_layers
 from config.cost import layers
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster, GpuSpec
@@ -80,6 +81,15 @@ MEMORY_MARGIN = 0.08
 # offloading recipes (bench/published_table.py OFFLOAD_SETTINGS) pin up to 73% of it by this
 # estimate (Llama 3.1 405B, 95 layers on 128 GB200s: 163 of 223.5 GiB), Llama 3 70B on GB200 65%.
 HOST_SHARE = 0.8
+
+
+def logit_bytes(cfg: TrainingConfig, cluster: Cluster) -> float:
+    """Bytes per logit (one token, one vocabulary entry) the loss keeps for its backward.
+    Transformer Engine's fused cross entropy (its Triton kernel; the engine uses it wherever it
+    builds TE's layers) keeps the BF16 logits alone and writes their gradient in place: 2.
+    Megatron-Core's unfused vocab_parallel_cross_entropy keeps an FP32 softmax beside the BF16
+    logits it came from: 6."""
+    return 2.0 if te_layers(cfg, cluster) else 6.0
 
 
 def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> float:
@@ -453,7 +463,9 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
             tied_copy = count.embedding if count.output == 0 and rank != e_rank else 0
             r[lm] += (count.output + tied_copy + count.final_norm) / tp
             heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
-            r["logits"] = 6.0 * tokens * derived.padded_vocab_size / tp * heads
+            r["logits"] = (
+                logit_bytes(cfg, cluster) * tokens * derived.padded_vocab_size / tp * heads
+            )
     weight_bytes, fp8_bytes, grad_bytes, opt_bytes = bytes_per_parameter(
         cfg, derived.preset, cluster.spec
     )

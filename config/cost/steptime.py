@@ -65,6 +65,7 @@ from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import (
     ParamCount,
     count_parameters,
+    logit_bytes,
     model_flops_per_token,
     rank_params,
     shard_params,
@@ -280,7 +281,7 @@ def layer_costs(
     vocab = derived.padded_vocab_size
     output = {
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
-        "memory": k["memory_passes"] * tokens * vocab / t * 6 / hbm,  # FP32 + BF16 logits
+        "memory": k["memory_passes"] * tokens * vocab / t * logit_bytes(cfg, cluster) / hbm,
     }
     if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs
         for part in {id(p): p for p in (dense, layer, output)}.values():  # layer is dense's
