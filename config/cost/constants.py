@@ -68,8 +68,9 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "of up to 256 x 256 over two SMs, against Hopper's 64 x 256 per warpgroup): a narrow "
         "shard wastes more of them, and a wide GEMM gets nearer the peak. Fitted on the "
         "calibration part of bench/data/published_perf.csv with gemm_fp8_blackwell and "
-        "expert_half_dim_fused (the Blackwell GEMM constants refitted at each value): fit loss "
-        "0.1199 at 141 (0.1206 at 128 unrefitted), 0.1206 at 192, 0.1188 at 256, 0.1192 at 384",
+        "expert_half_dim_fused (the Blackwell GEMM constants refitted at each value; before the "
+        "fused loss, memory_passes): fit loss 0.1199 at 141 (0.1206 at the shared 128), 0.1206 "
+        "at 192, 0.1188 at 256, 0.1192 at 384",
     ),
     "expert_half_dim": (
         3250.0,
@@ -90,8 +91,8 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "pass between them); fitted on the calibration part of bench/data/published_perf.csv, "
         "whose 8 fused runs (Qwen3 30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) "
         "give fit loss 0.1250 at 128, 0.1224 at 400, 0.1207 at 500, 0.1206 at 550, 0.1208 at "
-        "600, 0.1255 at 1000 (605 with gemm_half_dim_blackwell); their errors go from "
-        "-41%..-17% unfused to -15%..+22%",
+        "600, 0.1255 at 1000 (605 with gemm_half_dim_blackwell; before the fused loss, "
+        "memory_passes); their errors go from -41%..-17% unfused to -15%..+22%",
     ),
     "attention_half_len": (
         512.0,

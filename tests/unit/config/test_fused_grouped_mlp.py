@@ -69,12 +69,15 @@ def test_the_cpu_runs_without_it() -> None:
     assert any(c.startswith(f"{FIELD}: True -> False (") for c in changes)
 
 
-def test_megatron_core_would_ignore_it_on_its_local_layers() -> None:
+def test_megatron_core_would_ignore_it_on_its_local_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why the checker refuses it without Transformer Engine: on the fake process group and the
     meta device (tests/support/megatron_build.py), Megatron-Core builds LoRA's local layers with
     the field on and no word, and its experts are the unfused SequentialMLP."""
     pytest.importorskip("torch")
     from tests.support import megatron_build
+
+    # The build sets it for the fused kernel; put back whatever the process had.
+    monkeypatch.setenv("NVTE_CUTEDSL_FUSED_GROUPED_MLP", "0")
 
     cfg = _cfg("peft.scheme=lora", "model.num_layers=2")
     assert megatron_build.refuses(cfg, H100x8) is None
