@@ -214,14 +214,25 @@ MOE_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float, str, bool]] = 
 ]
 
 
+def _covers(rule: tuple, model: str, system: str, precision: str, release: float) -> bool:
+    """Whether a (model, systems, precision or "*", first, last, ...) rule covers the run."""
+    name, systems, prec, first, last = rule[:5]
+    return (
+        name == model
+        and system in systems
+        and prec in ("*", precision)
+        and first <= release <= last
+    )
+
+
 def moe_settings(model: str, system: str, precision: str, release: float) -> list[str]:
     """The dispatcher and alltoall-overlap overrides of MOE_SETTINGS' first rule that covers the
     run ([] where none does: the row's notes, or the recipe's defaults)."""
-    for name, systems, prec, first, last, dispatcher, overlap in MOE_SETTINGS:
-        if name == model and system in systems and prec in ("*", precision):
-            if first <= release <= last:
-                out = [f"model.moe_token_dispatcher_type={dispatcher}"]
-                return out + [f"parallel.overlap_moe_expert_parallel_comm={str(overlap).lower()}"]
+    for rule in MOE_SETTINGS:
+        if _covers(rule, model, system, precision, release):
+            dispatcher, overlap = rule[5:]
+            out = [f"model.moe_token_dispatcher_type={dispatcher}"]
+            return out + [f"parallel.overlap_moe_expert_parallel_comm={str(overlap).lower()}"]
     return []
 
 
@@ -273,10 +284,8 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 
 def fused_settings(model: str, system: str, precision: str, release: float) -> list[str]:
     """The fused grouped MLP where a FUSED_SETTINGS rule covers the run."""
-    for name, systems, prec, first, last in FUSED_SETTINGS:
-        if name == model and system in systems and prec == precision and first <= release <= last:
-            return ["model.moe_fused_grouped_mlp=true"]
-    return []
+    covered = any(_covers(rule, model, system, precision, release) for rule in FUSED_SETTINGS)
+    return ["model.moe_fused_grouped_mlp=true"] if covered else []
 
 
 def _int(text: str, default: int | None = None) -> int | None:

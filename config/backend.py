@@ -26,7 +26,13 @@ def local_layers(lora: bool, device: str) -> str | None:
     return None
 
 
+def local_reason(cfg: TrainingConfig, cluster: Cluster) -> str | None:
+    """`local_layers` for `cfg` on `cluster`: why its ranks build Megatron-Core's local layers,
+    or None where they build Transformer Engine's."""
+    return local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+
+
 def te_layers(cfg: TrainingConfig, cluster: Cluster) -> bool:
     """Whether `cfg` on `cluster` builds Transformer Engine's layers, and with them its fused cross
     entropy for the loss (models/gpt.py `transformer_config`), as the checker sees it."""
-    return local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster)) is None
+    return local_reason(cfg, cluster) is None

@@ -21,7 +21,7 @@ engine does not pass); and the variant's sizes set without the variant (they wou
 
 from __future__ import annotations
 
-from config.backend import local_layers, run_device
+from config.backend import local_reason
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
@@ -40,7 +40,7 @@ def linear_attention(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[
             )
         )
     if m.layernorm_zero_centered_gamma and m.normalization != "RMSNorm":
-        why = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+        why = local_reason(cfg, cluster)
         if why:
             out.append(
                 Problem(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.backend import local_layers, run_device
+from config.backend import local_reason
 from config.finalize import Partial
 from config.hardware import Cluster
 from config.problems import Problem
@@ -130,7 +130,7 @@ def _mla_query_norm(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
     m = cfg.model
     if not (m.multi_latent_attention and m.qk_layernorm and m.q_lora_rank is None):
         return []
-    why = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    why = local_reason(cfg, cluster)
     if why is None:
         return []
     return [
@@ -222,7 +222,7 @@ def _offloading(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
                 "model.recompute_granularity=null or model.cpu_offloading_num_layers=0",
             )
         )
-    why = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    why = local_reason(cfg, cluster)
     if why:
         out.append(
             Problem(

@@ -5,7 +5,7 @@ holds these rules against Megatron-Core's own code."""
 
 from __future__ import annotations
 
-from config.backend import local_layers, run_device
+from config.backend import local_reason, run_device
 from config.finalize import Partial
 from config.hardware import GPUS, Cluster
 from config.problems import Problem, choices, divisors
@@ -257,7 +257,7 @@ def _fused_grouped_mlp(cfg: TrainingConfig, cluster: Cluster, etp: int) -> list[
             f"fuses a gated SiLU or quick GELU, and model.activation={m.activation!r}: use "
             "swiglu or quick_geglu"
         )
-    local = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster))
+    local = local_reason(cfg, cluster)
     if local:
         why.append(f"is Transformer Engine's op, and {local}")
     gpu = GPUS.get(cluster.gpu)

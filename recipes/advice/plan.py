@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from config import layout as layouts
-from config.backend import local_layers, run_device
+from config.backend import te_layers
 from config.cost import layers
 from config.cost.constants import TIE_RANGE, VALUES
 from config.cost.memory import (
@@ -282,7 +282,7 @@ def plan(
     fsdp_runs = _fsdp_runs(work, cluster)
     a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
     # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
-    transformer_engine = local_layers(cfg.peft.scheme != "none", run_device(cfg, cluster)) is None
+    transformer_engine = te_layers(cfg, cluster)
     for shape in shapes(cfg, cluster, pinned, inside):
         recompute = recompute_choices(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
