@@ -172,8 +172,7 @@ class ModelConfig:
     # Per expert; None means ffn_hidden_size
     moe_ffn_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)
     moe_shared_expert_intermediate_size: Optional[int] = field(default=None, metadata=WIDTH)
-    # The shared expert's output scaled by sigmoid(a learned projection of the token) (Qwen3.5-MoE,
-    # Qwen3-Next)
+    # The shared expert's output times a sigmoid of a learned projection (Qwen3.5-MoE, Qwen3-Next)
     moe_shared_expert_gate: bool = False
     # DeepSeek-V3 keeps its first 3 layers dense
     moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
@@ -204,8 +203,7 @@ class ModelConfig:
     # the routed tokens (Megatron-Core's moe_shared_expert_overlap).
     moe_shared_expert_overlap: bool = False
     moe_grouped_gemm: bool = False
-    # FC1, activation and FC2 of the experts as one Transformer Engine op (its CuTe DSL kernel on
-    # Blackwell: Megatron-Core's use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP).
+    # The experts' FC1, activation and FC2 as one Transformer Engine op (CuTe DSL, on Blackwell).
     moe_fused_grouped_mlp: bool = False
 
     # Multi-latent attention (DeepSeek-V2/V3).

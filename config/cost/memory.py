@@ -74,10 +74,9 @@ GIB = 2**30
 # and the caching allocator's fragmentation (~1 GiB at the steady state of a long run).
 OVERHEAD_GIB = 3.0
 # The share of GPU memory a config must leave free to be predicted to fit: the estimate's error on
-# measured runs and the allocator's fragmentation late in a run. Every run of
-# tests/support/published_runs.py is predicted within it; of the 202 configurations of
-# bench/data/published_perf.csv, 24 are not (14 of them within the GPU's whole memory).
-# `recipes check` (and so `recipes run`) and `recipes plan` judge fit by `fits` alone.
+# measured runs and the allocator's fragmentation late in a run. Every run of tests/support/
+# published_runs.py fits within it; 24 of bench/data/published_perf.csv's 202 configurations do
+# not (14 within the whole GPU). `check` (so `run`) and `plan` judge fit by `fits` alone.
 MEMORY_MARGIN = 0.08
 # The share of a node's memory per GPU that offloaded activations may pin. Megatron-Bridge's
 # offloading recipes (bench/published_table.py OFFLOAD_SETTINGS) pin up to 73% of it by this
@@ -86,11 +85,10 @@ HOST_SHARE = 0.8
 
 
 def logit_bytes(cfg: TrainingConfig, cluster: Cluster) -> float:
-    """Bytes per logit (one token, one vocabulary entry) the loss keeps for its backward.
-    Transformer Engine's fused cross entropy (its Triton kernel; the engine uses it wherever it
-    builds TE's layers) keeps the BF16 logits alone and writes their gradient in place: 2.
-    Megatron-Core's unfused vocab_parallel_cross_entropy keeps an FP32 softmax beside the BF16
-    logits it came from: 6."""
+    """Bytes per logit (one token, one vocabulary entry) the loss keeps for its backward: 2 in
+    Transformer Engine's fused cross entropy (the engine's wherever it builds TE's layers), which
+    keeps the BF16 logits and writes their gradient in place; 6 in Megatron-Core's unfused
+    vocab_parallel_cross_entropy, an FP32 softmax beside the BF16 logits."""
     return 2.0 if te_layers(cfg, cluster) else 6.0
 
 
@@ -465,9 +463,8 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
             tied_copy = count.embedding if count.output == 0 and rank != e_rank else 0
             r[lm] += (count.output + tied_copy + count.final_norm) / tp
             heads = 1 + (m.mtp_num_layers or 0)  # each MTP layer has its own logits
-            r["logits"] = (
-                logit_bytes(cfg, cluster) * tokens * derived.padded_vocab_size / tp * heads
-            )
+            per_token = logit_bytes(cfg, cluster) * derived.padded_vocab_size / tp
+            r["logits"] = per_token * tokens * heads
     weight_bytes, fp8_bytes, grad_bytes, opt_bytes = bytes_per_parameter(
         cfg, derived.preset, cluster.spec
     )

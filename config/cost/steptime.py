@@ -14,14 +14,14 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - gemm: the layer's matmul FLOPs / TP (routed experts: top-k of them) at the GEMM rate of the run's
   precision, `peak x efficiency / (1 + d0/M + d0/N + d0/K)`: small GEMMs (a TP shard, the tokens one
   expert receives) run further from the peak. The output layer and attention stay in BF16.
-  Blackwell has its own efficiencies (BF16, FP8, MXFP8, NVFP4, attention, experts), fitted on the
-  calibration part of bench/data/published_perf.csv, and Blackwell Ultra one factor for its clocks.
+  Blackwell has its own efficiencies (BF16, FP8, MXFP8, NVFP4, attention, experts, fused experts)
+  and tile width, fitted on published runs (bench/data/published_perf.csv), Ultra a clock factor.
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
-  passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth.
+  passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
+  the loss likewise over its logits (`logit_bytes`: TE's fused cross entropy or the unfused one).
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
-- cp: the ring exchange of keys and values (and their gradients) across CP, less the attention it
-  hides behind.
+- cp: the ring exchange of keys and values (and gradients) across CP, less what attention hides.
 - ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
   leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
   top-k copies; the flex one (DeepEP, HybridEP) sends a token once to each other domain holding
@@ -32,8 +32,7 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   forwards and cool-down backwards, which have no partner.
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
   EP traffic); selective, the forward of each of its model.recompute_modules again.
-- LoRA (peft.scheme=lora): frozen weights need no weight-gradient GEMM, so their GEMM time is 2/3
-  (the adapters' own GEMMs, rank << width, are left out).
+- LoRA (peft.scheme=lora): frozen weights skip their weight-gradient GEMMs, 2/3 of the GEMM time.
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py); a
@@ -44,10 +43,10 @@ forward that hide the others: they grow with the data-parallel size (config/layo
 overhead is one fixed cost per layer and microbatch. Identical GPUs run a little apart (power
 management, manufacturing): every step waits for the slowest of the job's, whose compute (GEMMs,
 attention, memory-bound work) takes gpu_speed_sigma x `slowest_of(GPUs)` longer than a mean
-GPU's (the `straggler` term). Not modelled: network jitter and failing nodes, load imbalance
-between experts (the published MoE runs force-balance them), CUDA graphs, the vision encoder's
-compute, and communication contending with compute for SMs and memory bandwidth (except where it
-overlaps every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
+GPU's (the `straggler` term). Not modelled: network jitter and failing nodes, load imbalance between
+experts (the published MoE runs force-balance them), CUDA graphs, LoRA's adapter GEMMs, the vision
+encoder's compute, and communication contending with compute for SMs and memory bandwidth (except
+where it overlaps every microbatch, Megatron-FSDP's and the MoE alltoall's: overlap_contention).
 
 The constants live in one table, config/cost/constants.py's CONSTANTS, with their sources;
 tests/unit/config/test_plan_calibration.py reports the error on every published run.

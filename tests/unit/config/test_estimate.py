@@ -307,9 +307,8 @@ def test_memory_small_dense_model_by_hand() -> None:
       + fc1 input 128 + SwiGLU input 2 x 2 x 256 = 1024 + fc2 input 2 x 256 = 512  = 2560 (40h:
       the 34h of Korthikanti's GELU layer, less 2h of dropout masks, plus 8h for the SwiGLU gate)
       tokens 128 x 2 = 256: per layer 655360, two layers 1310720, one microbatch in flight.
-    Logits: 256 tokens x 1024 x 2 = 524288 on a GPU, where Transformer Engine's fused cross
-    entropy keeps the BF16 logits alone; x (4 + 2) = 1572864 on the CPU, where Megatron-Core's
-    unfused loss keeps an FP32 softmax beside them.
+    Logits: 256 tokens x 1024 x 2 = 524288 on a GPU (TE's fused loss keeps the BF16 logits alone);
+    x (4 + 2) = 1572864 on the CPU, whose unfused loss keeps an FP32 softmax beside them.
     """
     cfg = config(TINY, gbs=4, mbs=2, grad_reduce_in_fp32=True)
     mem = estimate(cfg, gpus=1)
@@ -323,9 +322,8 @@ def test_memory_small_dense_model_by_hand() -> None:
     assert mem.microbatches_in_flight == 1 and mem.pipeline_rank == 0
     total = 524928 + 1049856 + 3149568 + 1310720 + 524288
     assert mem.total_gib == pytest.approx(total / GIB + OVERHEAD_GIB)
-    cpu = Cluster(num_nodes=1, gpus_per_node=1, gpu="cpu")
-    unfused = estimate_memory(cfg, cpu, derive(cfg, cpu))
-    assert unfused.logits_gib * GIB == pytest.approx(1572864)
+    unfused = estimate(cfg, gpus=1, gpu="cpu")
+    assert unfused is not None and unfused.logits_gib * GIB == pytest.approx(1572864)
 
 
 def test_memory_pipeline_2_data_parallel_2_by_hand() -> None:
@@ -336,8 +334,7 @@ def test_memory_pipeline_2_data_parallel_2_by_hand() -> None:
     Bytes per param: weights 2 + BF16 grads 2 + Adam 12 / DP 2 = 10.
     Activations: 128 tokens x 2560 B x 2 layers = 655360 per microbatch;
       rank 0 keeps min(PP - 0, 4) = 2 microbatches -> 1310720, rank 1 keeps 1 -> 655360,
-      plus the logits on rank 1: 128 x 1024 x 6 = 786432 in Megatron-Core's unfused loss (the
-      CPU mode here, train.device=cpu; TE's fused loss on a GPU would keep 2 bytes of the 6).
+      plus the logits on rank 1: 128 x 1024 x 6 = 786432 (train.device=cpu: the unfused loss).
     Rank 0: 1968640 + 1310720 = 3279360; rank 1: 1969280 + 655360 + 786432 = 3411072: rank 1 wins.
     """
     model = ModelConfig(
