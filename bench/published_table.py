@@ -282,6 +282,15 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 ]
 
 
+# Transformer Engine's fused cross entropy, which Megatron-Bridge's performance runs take for
+# every model of this table in every release: the 25.09 YAMLs (cross_entropy_fusion_impl: "te",
+# r0.1.0 684a686165 scripts/performance/configs/*/*_llm_pretrain.yaml), utils/helpers.py at
+# v0.2.0 7af9601c9d, utils/overrides.py from v0.3.0 21b02e0cfb, perf_recipes/_common.py
+# `_benchmark_common` (default "te") at v0.6.0 51885cf132. The NeMo and DGX Cloud rows keep
+# Megatron-Core's fused loss, as the engine does by default.
+LOSS_SETTINGS = ["model.cross_entropy_fusion_impl=te"]
+
+
 def fused_settings(model: str, system: str, precision: str, release: float) -> list[str]:
     """The fused grouped MLP where a FUSED_SETTINGS rule covers the run."""
     covered = any(_covers(rule, model, system, precision, release) for rule in FUSED_SETTINGS)
@@ -393,7 +402,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             settings = []
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
-                settings = moe_settings(*key) + fused_settings(*key)
+                settings = moe_settings(*key) + fused_settings(*key) + LOSS_SETTINGS
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
             if (
                 row["model"] == "DeepSeek-V3"

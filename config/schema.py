@@ -127,8 +127,7 @@ class ModelConfig:
     # Gemma 2 / 3: a norm on the attention's and on the MLP's output before each residual add, on
     # top of the norms in front of them (four per layer).
     sandwich_norm: bool = False
-    # Gemma: token embeddings times sqrt(hidden_size), rounded to the weights' dtype.
-    scale_embeddings: bool = False
+    scale_embeddings: bool = False  # Gemma: embeddings x sqrt(hidden_size), in the weights' dtype
     # The share of each head's channels that RoPE rotates (the first ones); Qwen3.5 rotates 0.25.
     rotary_percent: float = field(default=1.0, metadata=within(0, 1, low_open=True))
     add_bias_linear: bool = False
@@ -169,13 +168,11 @@ class ModelConfig:
         default=None, metadata=within(1, MAX_HEADS, note="None means a dense model")
     )
     moe_router_topk: int = field(default=2, metadata=HEADS)
-    # Per expert; None means ffn_hidden_size
-    moe_ffn_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)
+    moe_ffn_hidden_size: Optional[int] = field(default=None, metadata=WIDTH)  # or ffn_hidden_size
     moe_shared_expert_intermediate_size: Optional[int] = field(default=None, metadata=WIDTH)
     # The shared expert's output times a sigmoid of a learned projection (Qwen3.5-MoE, Qwen3-Next)
     moe_shared_expert_gate: bool = False
-    # DeepSeek-V3 keeps its first 3 layers dense
-    moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))
+    moe_first_k_dense_layers: int = field(default=0, metadata=within(0, MAX_LAYERS))  # DSV3: 3
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
     # Softmax over all experts before the top-k, weights not renormalised (Qwen3-MoE with
     # norm_topk_prob false); off: softmax over the top-k logits (Mixtral, Qwen3-30B-A3B).
@@ -205,6 +202,9 @@ class ModelConfig:
     moe_grouped_gemm: bool = False
     # The experts' FC1, activation and FC2 as one Transformer Engine op (CuTe DSL, on Blackwell).
     moe_fused_grouped_mlp: bool = False
+    # The loss's fused cross entropy where TE's layers are built: Megatron-Core's ("native"), or
+    # TE's, which keeps a third of the logits' bytes and which Megatron-LM refuses for stability.
+    cross_entropy_fusion_impl: Literal["native", "te"] = "native"
 
     # Multi-latent attention (DeepSeek-V2/V3).
     multi_latent_attention: bool = False

@@ -172,10 +172,11 @@ def transformer_config(
         # Free each pipeline output's data once it has been sent (Megatron-LM's default).
         deallocate_pipeline_outputs=True,
         transformer_impl="transformer_engine" if te else "local",
-        # The loss in Transformer Engine's fused cross entropy where its layers are built: it
-        # keeps the BF16 logits alone for the backward (config/cost/memory.py `logit_bytes`).
+        # The loss in a fused cross entropy where Transformer Engine's layers are built:
+        # Megatron-Core's, or TE's (model.cross_entropy_fusion_impl; config/cost/memory.py
+        # `logit_bytes`). Megatron-LM refuses TE's for stability (NVIDIA/Megatron-LM#5115).
         cross_entropy_loss_fusion=te,
-        cross_entropy_fusion_impl="te" if te else "native",
+        cross_entropy_fusion_impl=m.cross_entropy_fusion_impl if te else "native",
         # On the CPU, build weights with the CPU generator and slice them per TP rank.
         use_cpu_initialization=device == "cpu",
         **_precision_fields(derived.preset, dtype),

@@ -164,7 +164,8 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
     - sequence parallel in LLaVA: off (LLaVAModel asserts TE's attention; plain GPTs keep SP);
     - FP8/FP4 precision: the plain mixed preset of the same dtype (the GEMMs run in BF16/FP16);
     - CPU activation offloading: off (Transformer Engine's hooks; the activations stay put);
-    - the fused grouped MLP of the experts: off (Transformer Engine's op for Blackwell).
+    - the fused grouped MLP of the experts: off (Transformer Engine's op for Blackwell);
+    - Transformer Engine's cross entropy: Megatron-Core's (the same loss).
     The checker's `cpu` rule (config/rules/precision.py) refuses the same features without
     --shrink, when the user asked for the CPU with a layout of their own.
     """
@@ -211,6 +212,12 @@ def cpu_substitutes(cfg: TrainingConfig) -> list[str]:
             "Blackwell; the experts compute the same)"
         )
         model.moe_fused_grouped_mlp = False
+    if model.cross_entropy_fusion_impl == "te":
+        changes.append(
+            "model.cross_entropy_fusion_impl: te -> native (Transformer Engine's kernel; the "
+            "same loss)"
+        )
+        model.cross_entropy_fusion_impl = "native"
     preset = PRESETS.get(cfg.precision)
     if preset is not None and preset.fp8_recipe is not None:
         fmt = "FP4" if preset.fp8_recipe == "nvfp4" else "FP8"

@@ -73,26 +73,27 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "at 192, 0.1188 at 256, 0.1192 at 384",
     ),
     "expert_half_dim": (
-        3250.0,
-        "the same for the two weight sides of MoE experts' grouped GEMMs (their rows, the tokens "
-        "an expert receives, take gemm_half_dim), which run far from cuBLAS's dense rate when "
-        "narrow (Megatron-Core's TE grouped GEMM, tokens per expert varying); calibrated on "
-        "Qwen3 30B-A3B (experts 768 wide) and DeepSeek-V3 (2048)",
+        3930.0,
+        "the same for an MoE expert's own width (FC1's and FC2's expert side, split by ETP) in "
+        "its grouped GEMM, which runs far from cuBLAS's dense rate when narrow (Megatron-Core's "
+        "TE grouped GEMM, tokens per expert varying); its rows (the tokens it receives) and its "
+        "hidden side take gemm_half_dim, as a dense layer's do. Fitted on the calibration part "
+        "of bench/data/published_perf.csv with the two below (bench/plan_calibration.py --table "
+        "--search --only expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused: fit "
+        "loss 0.1135). Until 2026-11-28 it also took the hidden side (3250 then), which priced "
+        "Grok-1's experts (32,768 wide, at ETP 1) at half the dense rate and its 8 runs 11-31% "
+        "slow",
     ),
     "expert_half_dim_blackwell": (
-        2630.0,
-        "expert_half_dim on Blackwell, whose grouped GEMMs (TE's, on CUTLASS) run narrow experts "
-        "closer to the dense rate; fitted on the calibration part of bench/data/published_perf.csv",
+        3850.0,
+        "expert_half_dim on Blackwell (TE's grouped GEMMs on CUTLASS); fitted with it",
     ),
     "expert_half_dim_fused": (
-        605.0,
+        732.0,
         "expert_half_dim for Transformer Engine's fused grouped MLP (model.moe_fused_grouped_mlp: "
         "FC1, activation and FC2 in one CuTe DSL kernel on Blackwell, no quantize or activation "
-        "pass between them); fitted on the calibration part of bench/data/published_perf.csv, "
-        "whose 8 fused runs (Qwen3 30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) "
-        "give fit loss 0.1250 at 128, 0.1224 at 400, 0.1207 at 500, 0.1206 at 550, 0.1208 at "
-        "600, 0.1255 at 1000 (605 with gemm_half_dim_blackwell; before the fused loss, "
-        "memory_passes); their errors go from -41%..-17% unfused to -15%..+22%",
+        "pass between them); fitted with it, on the calibration part's 8 fused runs (Qwen3 "
+        "30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) among the others",
     ),
     "attention_half_len": (
         512.0,
@@ -221,10 +222,11 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "layer_overhead_s": (5e-5, 1e-3),
     # Identical GPUs of one cluster: up to a few percent apart (Sinha et al., SC'22).
     "gpu_speed_sigma": (0.0, 0.03),
-    # Blackwell's grouped GEMMs no worse on narrow experts than H100's.
-    "expert_half_dim_blackwell": (128.0, 3250.0),
-    "expert_half_dim_fused": (128.0, 3250.0),  # no worse than the unfused kernels
+    # An expert's width at which its grouped GEMM loses half its rate: from a tile to the
+    # widest expert of the table's models (Grok-1's 32,768 split by ETP 4).
     "expert_half_dim": (128.0, 8192.0),
+    "expert_half_dim_blackwell": (128.0, 8192.0),
+    "expert_half_dim_fused": (128.0, 3250.0),  # no worse than the unfused kernels
     "gemm_half_dim": (32.0, 512.0),
     "gemm_half_dim_blackwell": (32.0, 512.0),
     "nvlink": (0.5, 0.95),

@@ -85,11 +85,11 @@ HOST_SHARE = 0.8
 
 
 def logit_bytes(cfg: TrainingConfig, cluster: Cluster) -> float:
-    """Bytes per logit (one token, one vocabulary entry) the loss keeps for its backward: 2 in
-    Transformer Engine's fused cross entropy (the engine's wherever it builds TE's layers), which
-    keeps the BF16 logits and writes their gradient in place; 6 in Megatron-Core's unfused
-    vocab_parallel_cross_entropy, an FP32 softmax beside the BF16 logits."""
-    return 2.0 if te_layers(cfg, cluster) else 6.0
+    """Bytes per logit (one token, one vocabulary entry) the loss holds at its peak: 2 in TE's
+    fused cross entropy (model.cross_entropy_fusion_impl=te, with TE's layers), in place on the
+    BF16 logits; 6 in Megatron-Core's, fused or not: an FP32 copy (its softmax) beside them."""
+    te = cfg.model.cross_entropy_fusion_impl == "te" and te_layers(cfg, cluster)
+    return 2.0 if te else 6.0
 
 
 def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> float:

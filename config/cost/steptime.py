@@ -13,9 +13,10 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 
 - gemm: the layer's matmul FLOPs / TP (routed experts: top-k of them) at the GEMM rate of the run's
   precision, `peak x efficiency / (1 + d0/M + d0/N + d0/K)`: small GEMMs (a TP shard, the tokens one
-  expert receives) run further from the peak. The output layer and attention stay in BF16.
-  Blackwell has its own efficiencies (BF16, FP8, MXFP8, NVFP4, attention, experts, fused experts)
-  and tile width, fitted on published runs (bench/data/published_perf.csv), Ultra a clock factor.
+  expert receives) run further from the peak; an expert's own width takes expert_half_dim. The
+  output layer and attention stay in BF16. Blackwell has its own efficiencies (BF16, FP8, MXFP8,
+  NVFP4, attention, experts, fused experts) and tile width, fitted on published runs
+  (bench/data/published_perf.csv), Ultra a clock factor.
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
@@ -160,9 +161,9 @@ def layer_costs(
     lin = 1 if kind != "bf16" else 2
     half = k[constant("gemm_half_dim", spec)]
 
-    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, wide=half) -> float:
-        """Seconds of a GEMM; `wide`: the half-rate dimension of its weight's two sides."""
-        return flops / (rate * 1e12 / (1 + half / rows + wide / cols + wide / depth))
+    def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, own=half) -> float:
+        """Seconds of a GEMM; `own`: the half-rate dimension of `cols` (an expert's width)."""
+        return flops / (rate * 1e12 / (1 + half / rows + own / cols + half / depth))
 
     # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
     ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
@@ -432,8 +433,7 @@ def predict(
         exposed = offload.exposed_seconds(cfg, cluster, derived, costs.per_slot[:2], k["host_link"])
         step["offload"] = microbatches * exposed
 
-    # Pipeline sends: every chunk boundary, activations forward and their gradients backward,
-    # each to one peer (one pair link in a mesh).
+    # Pipeline sends: each chunk boundary's activations and gradients, to one peer (a pair link).
     t, c = par.tensor_model_parallel_size, par.context_parallel_size
     tokens = m.seq_length * cfg.train.micro_batch_size / c
     sp = t if par.sequence_parallel and t > 1 else 1

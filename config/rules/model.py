@@ -37,7 +37,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     out += _recompute(model) + _mla_query_norm(cfg, cluster) + _local_layers(cfg)
-    out += _offloading(cfg, cluster)
+    out += _offloading(cfg, cluster) + _loss_fusion(cfg, cluster)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
     if delayed and discarded:
@@ -232,6 +232,21 @@ def _offloading(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
             )
         )
     return out
+
+
+def _loss_fusion(cfg: TrainingConfig, cluster: Cluster) -> list[Problem]:
+    """The engine fuses the loss only where it builds Transformer Engine's layers (models/gpt.py),
+    so TE's cross entropy there alone; elsewhere the field would be dropped without a word."""
+    why = local_reason(cfg, cluster)
+    if cfg.model.cross_entropy_fusion_impl != "te" or why is None:
+        return []
+    return [
+        Problem(
+            "model.cross_entropy_fusion_impl",
+            f"is 'te', Transformer Engine's cross entropy, which the engine fuses into runs of "
+            f"Transformer Engine's layers only, and {why}; use native",
+        )
+    ]
 
 
 def _recompute_modules(model: ModelConfig) -> list[Problem]:

@@ -171,6 +171,11 @@ def render(report: Report) -> str:
         )
     if m.moe_fused_grouped_mlp:
         lines.append("experts  FC1, activation and FC2 fused (Transformer Engine's CuTe DSL op)")
+    if m.cross_entropy_fusion_impl == "te":
+        lines.append(
+            "loss     Transformer Engine's fused cross entropy (Megatron-LM refuses it for "
+            "stability issues: NVIDIA/Megatron-LM#5115; model.cross_entropy_fusion_impl=native)"
+        )
     if report.flops_per_token:
         lines.append(f"compute  {_si(report.flops_per_token)}FLOP per token (causal, fwd+bwd)")
     mem = report.memory
