@@ -106,7 +106,7 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.06 and held["max"] <= 0.80 and held["top5"] >= 0.46
+    assert held["median"] <= 0.05 and held["max"] <= 0.85 and held["top5"] >= 0.46
     assert held["top5_tied"] >= 0.55  # listed, or one of a listed layout's ties
 
 
@@ -145,8 +145,10 @@ def test_scaling_a_layout_to_more_gpus_loses_what_nvidia_measured(
 
 def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> None:
     """Qwen3 235B-A22B on H100 ran the alltoall dispatcher overlapped from Megatron-Bridge 25.11,
-    on GB200 HybridEP: the runs carry MOE_SETTINGS' overrides last (they win over the notes'),
-    and the configuration the split hashes leaves them out."""
+    on GB200 HybridEP, and every Megatron-Bridge run Transformer Engine's fused loss: the runs
+    carry MOE_SETTINGS' and LOSS_SETTINGS' overrides last (they win over the notes'), and the
+    configuration the split hashes leaves them out. NeMo's and DGX Cloud's runs carry no loss
+    setting: Megatron-Core's fused loss, the engine's default."""
     from bench.published_table import moe_settings
 
     assert moe_settings("Qwen3 235B-A22B", "H100", "fp8_cs", 25.11) == [
@@ -157,5 +159,9 @@ def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> Non
     assert moe_settings("Qwen3 235B-A22B", "GB200", "bf16", 26.02)[0].endswith("=flex")
     runs, _ = load()
     (h100,) = [r for r in runs if r.id == "mb2511-qwen3235ba22b-h100-fp8cs-256"]
-    assert h100.overrides[-2:] == list(h100.settings) and len(h100.settings) == 2
+    assert h100.overrides[-3:] == list(h100.settings) and len(h100.settings) == 3
+    assert h100.settings[-1] == "model.cross_entropy_fusion_impl=te"
+    for run in runs:
+        te = "model.cross_entropy_fusion_impl=te" in run.settings
+        assert te == run.software.startswith("Megatron-Bridge"), run.id
     assert not set(h100.settings) & set(h100.config_key[-1])
