@@ -20,7 +20,7 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
-  the loss likewise over its logits (`logit_bytes`: TE's fused cross entropy or the unfused one).
+  the loss likewise over its logits (`logit_bytes`: Megatron-Core's cross entropy or TE's).
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
 - cp: the ring exchange of keys and values (and gradients) across CP, less what attention hides.
 - ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that

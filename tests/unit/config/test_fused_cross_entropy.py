@@ -110,9 +110,7 @@ def test_the_te_loss_without_te_layers_is_refused(
     problems = [p for p in validate(cfg, cluster) if p.field == "model.cross_entropy_fusion_impl"]
     assert len(problems) == 1
     assert why in problems[0].message and "use native" in problems[0].message
-    assert not [
-        p for p in validate(_te(), H100x8) if p.field == "model.cross_entropy_fusion_impl"
-    ]
+    assert not [p for p in validate(_te(), H100x8) if p.field == "model.cross_entropy_fusion_impl"]
 
 
 def test_shrinking_to_the_cpu_takes_megatron_cores_loss() -> None:
