@@ -282,13 +282,26 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 ]
 
 
-# Transformer Engine's fused cross entropy, which Megatron-Bridge's performance runs take for
-# every model of this table in every release: the 25.09 YAMLs (cross_entropy_fusion_impl: "te",
-# r0.1.0 684a686165 scripts/performance/configs/*/*_llm_pretrain.yaml), utils/helpers.py at
-# v0.2.0 7af9601c9d, utils/overrides.py from v0.3.0 21b02e0cfb, perf_recipes/_common.py
-# `_benchmark_common` (default "te") at v0.6.0 51885cf132. The NeMo and DGX Cloud rows keep
-# Megatron-Core's fused loss, as the engine does by default.
-LOSS_SETTINGS = ["model.cross_entropy_fusion_impl=te"]
+def loss_settings(model: str, software: str) -> list[str]:
+    """Transformer Engine's fused cross entropy where the run's performance scripts set it, else
+    nothing (Megatron-Core's fused loss, the engine's default and NeMo 2's):
+    - Megatron-Bridge, every release and model of this table: the 25.09 YAMLs
+      (cross_entropy_fusion_impl: "te", r0.1.0 684a686165 scripts/performance/configs/), utils/
+      helpers.py at v0.2.0 7af9601c9d, utils/overrides.py from v0.3.0 21b02e0cfb, perf_recipes/
+      _common.py `_benchmark_common` (default "te") at v0.6.0 51885cf132;
+    - NeMo from 25.07: scripts/performance/helpers.py `set_primary_perf_configs` (NVIDIA/NeMo
+      96578928a7, first in v2.4.0; not in v2.3.0-v2.3.2, NeMo 25.04);
+    - DeepSeek-V3 from NeMo 25.04: scripts/performance/llm/pretrain_deepseek_v3.py sets it in
+      v2.3.0, and dgxc-benchmarking v25.05.05 runs that script (deepseek_v3/pretraining/launch.sh).
+    """
+    nemo = re.search(r"NeMo (\d\d\.\d\d)", software)
+    version = float(nemo[1]) if nemo else 0.0
+    te = (
+        software.startswith("Megatron-Bridge")
+        or version >= 25.07
+        or (model == "DeepSeek-V3" and version >= 25.04)
+    )
+    return ["model.cross_entropy_fusion_impl=te"] if te else []
 
 
 def fused_settings(model: str, system: str, precision: str, release: float) -> list[str]:
@@ -399,10 +412,10 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             if row["fsdp"].strip() == "1":
                 overrides.append("parallel.use_megatron_fsdp=true")
             overrides += _notes_overrides(row["notes"])
-            settings = []
+            settings = loss_settings(row["model"], row["software"])
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
-                settings = moe_settings(*key) + fused_settings(*key) + LOSS_SETTINGS
+                settings += moe_settings(*key) + fused_settings(*key)
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
             if (
                 row["model"] == "DeepSeek-V3"
