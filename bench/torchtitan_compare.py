@@ -37,11 +37,11 @@ def build_model(flavor: str, layers: int, attn: str, device: Any) -> Any:
     from torchtitan.models.llama3 import llama3_configs
 
     config = llama3_configs[flavor](attn_backend="flex" if attn == "sdpa" else attn)
-    if layers > len(config.cost.layers):
-        raise SystemExit(f"--layers {layers}: torchtitan's {flavor} has {len(config.cost.layers)}")
-    config.cost.layers = config.cost.layers[:layers]
+    if layers > len(config.layers):
+        raise SystemExit(f"--layers {layers}: torchtitan's {flavor} has {len(config.layers)}")
+    config.layers = config.layers[:layers]
     if attn == "sdpa":  # torchtitan's own SDPA module (causal), as its Flux model builds it
-        for layer in config.cost.layers:
+        for layer in config.layers:
             layer.attention.inner_attention = ScaledDotProductAttention.Config()
     with torch.device(device):
         model = config.build()
@@ -51,7 +51,7 @@ def build_model(flavor: str, layers: int, attn: str, device: Any) -> Any:
 
 def config_shape(config: Any) -> dict[str, int]:
     """The shape of a torchtitan Llama3Model.Config, in the proxy's terms."""
-    attention, ffn = config.cost.layers[0].attention, config.cost.layers[0].feed_forward
+    attention, ffn = config.layers[0].attention, config.layers[0].feed_forward
     return {
         "dim": config.dim,
         "ffn": ffn.w1.out_features,
