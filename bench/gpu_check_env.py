@@ -27,6 +27,10 @@ def describe() -> dict[str, Any]:
         except PackageNotFoundError:
             info[name] = None
     info["imports"], info["import_errors"] = {}, {}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from torchtitan_compare import allow_torch_2_11
+
+    allow_torch_2_11()  # as the harness imports torchtitan
     for module in MODULES:  # from the carried wheels' folder, on top of the machine's torch
         try:
             info["imports"][module] = importlib.import_module(module).__file__

@@ -30,9 +30,25 @@ from typing import Any
 PROXY = {"dim": 4096, "ffn": 14336, "heads": 32, "kv_heads": 8, "vocab": 128256}
 
 
+def allow_torch_2_11() -> None:
+    """Let torchtitan 0.3.0 import on torch 2.11, the lent GPU machine's.
+
+    Its FSDP helper, which `torchtitan.models.llama3` imports and this one-device harness never
+    calls, imports `torch.distributed.fsdp.DataParallelMeshDims`, which torch 2.11 lacks (first
+    in 2.12); no torchtitan release runs Llama 3 on 2.11 with the harness's config API (0.2.2's
+    model is configured otherwise and imports `datasets`). An empty class of that name stands in
+    where torch has none; the model, its loss and torch.compile are torch 2.11's own."""
+    import torch.distributed.fsdp as fsdp
+
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
+
+
 def build_model(flavor: str, layers: int, attn: str, device: Any) -> Any:
     """torchtitan's Llama3Model of `flavor` with its first `layers` blocks, initialised on device."""
     import torch
+
+    allow_torch_2_11()
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import llama3_configs
 

@@ -8,7 +8,8 @@ test_engine_cpu.py, test_checkpoint.py's exact resume): on a small machine proce
 more than a run's few steps, and here every rank pays the Python, torch and Megatron-Core imports
 and the gloo rendezvous once for the whole list instead of once per config.
 
-The runner (`main`, under torchrun): the default process group is created here;
+The runner (`main`, under torchrun): the default process group is created here, on the configs'
+one train.device (NCCL on "cuda", as tests/gpu/ launch);
 `training.entry.pretrain` leaves a group it did not create alone and tears down only
 Megatron-Core's model-parallel groups, so each config builds its own layout on the same group.
 Each config trains as `python -m training.entry --config PATH` would train it, into its own
@@ -56,6 +57,21 @@ def _say(rank: int, text: str) -> None:
         sys.stdout.flush()
 
 
+def launch_device(paths: list[str]) -> str:
+    """The one device the configs of a launch train on (their train.device, "auto" resolved):
+    the process group is NCCL's for "cuda", gloo's (and the engine's CPU mode) for "cpu"."""
+    from training.distributed import resolve_device
+
+    requested = {
+        Path(path).stem: yaml.safe_load(Path(path).read_text())["train"]["device"]
+        for path in paths
+    }
+    devices = {resolve_device(device) for device in requested.values()}
+    if len(devices) != 1:
+        raise ValueError(f"run_many: one launch trains on one device; train.device: {requested}")
+    return devices.pop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.smoke.run_many", description=__doc__)
     parser.add_argument("--config", action="append", required=True, help="a resolved config YAML")
@@ -70,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal_at_step_from_env()
     launch = launch_from_env()
-    owns_group = distributed.init_process_group(launch, "cpu")
+    owns_group = distributed.init_process_group(launch, launch_device(args.config))
     for path in args.config:
         name = Path(path).stem
         _say(launch.rank, f"start {name}")

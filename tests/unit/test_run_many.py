@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.smoke.run_many import MARK, split_outcomes
 
 DIRS = {name: Path(f"/runs/{name}") for name in ("a", "b", "c")}
@@ -32,3 +34,19 @@ def test_a_launch_that_fails_after_its_last_config_fails_that_config() -> None:
     output = f"{MARK} start a\n{MARK} done a in 1.0 s\nSegmentation fault"
     outcomes = split_outcomes(output, ["a"], DIRS, failed=True, ended="exit -11")
     assert outcomes["a"].error == "the launch failed after it, outside any config (exit -11)"
+
+
+def test_a_launch_takes_its_configs_device_and_refuses_two(tmp_path: Path) -> None:
+    """NCCL for GPU configs (gloo and the CPU mode would leave the model on the CPU), one device
+    per launch."""
+    from tests.smoke.run_many import launch_device
+
+    def config(name: str, device: str) -> str:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\ntrain:\n  device: {device}\n")
+        return str(path)
+
+    assert launch_device([config("a", "cuda"), config("b", "cuda")]) == "cuda"
+    assert launch_device([config("c", "cpu")]) == "cpu"
+    with pytest.raises(ValueError, match="one device.*'d': 'cpu'.*'e': 'cuda'"):
+        launch_device([config("d", "cpu"), config("e", "cuda")])

@@ -186,6 +186,39 @@ def test_every_memory_shape_is_a_valid_one_gpu_config_that_fits_an_h100(tmp_path
     assert full["predicted_parts_gib"]["activations"] < dense["predicted_parts_gib"]["activations"]
 
 
+def test_the_proxy_takes_the_layers_check_would_let_it_run(tmp_path: Path) -> None:
+    """As many layers as `recipes check` judges to fit (MEMORY_MARGIN free), not the whole GPU:
+    26 layers, predicted 136.7 of an H200's 139.8 GiB, ran out of memory there."""
+    import gpu_llama3_8b_proxy as proxy
+    from config.cost.memory import MEMORY_MARGIN
+
+    for gpu, fit in (("h100", 11), ("h200", 24)):
+        assert proxy.layers_that_fit(gpu, "bf16_mixed") == fit
+        cluster = proxy.Cluster(num_nodes=1, gpus_per_node=1, gpu=gpu)
+        for layers, fits in ((fit, True), (fit + 1, False)):
+            overrides = proxy.proxy_overrides(layers, 15, "bf16_mixed", tmp_path)
+            cfg = proxy.apply_overrides(proxy.get("llama3_8b_pretrain").config(), overrides)
+            total = proxy.estimate_memory(cfg, cluster, proxy.derive(cfg, cluster)).total_gib
+            assert (total <= cluster.spec.memory_gib * (1 - MEMORY_MARGIN)) is fits
+
+
+def test_torchtitan_imports_without_a_name_torch_2_11_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchtitan 0.3.0's FSDP helper imports DataParallelMeshDims (torch >= 2.12); the lent
+    machine's torch is 2.11, where the harness puts a placeholder of that name."""
+    import torch.distributed.fsdp as fsdp
+    from torchtitan_compare import allow_torch_2_11
+
+    if hasattr(fsdp, "DataParallelMeshDims"):
+        monkeypatch.delattr(fsdp, "DataParallelMeshDims")
+    allow_torch_2_11()
+    assert isinstance(fsdp.DataParallelMeshDims, type)
+    kept = fsdp.DataParallelMeshDims
+    allow_torch_2_11()  # torch's own (or the first placeholder) is kept
+    assert fsdp.DataParallelMeshDims is kept
+
+
 def test_memory_comparison_ratios_and_goal() -> None:
     measured = {"peak_allocated_gib": 9.5, "peak_reserved_gib": 12.5, "device_used_gib": 13.0}
     close = gpu_memory.compare(10.0, measured)
