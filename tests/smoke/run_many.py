@@ -63,8 +63,7 @@ def launch_device(paths: list[str]) -> str:
     from training.distributed import resolve_device
 
     requested = {
-        Path(path).stem: yaml.safe_load(Path(path).read_text())["train"]["device"]
-        for path in paths
+        Path(path).stem: yaml.safe_load(Path(path).read_text())["train"]["device"] for path in paths
     }
     devices = {resolve_device(device) for device in requested.values()}
     if len(devices) != 1:

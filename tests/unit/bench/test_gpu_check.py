@@ -190,6 +190,7 @@ def test_the_proxy_takes_the_layers_check_would_let_it_run(tmp_path: Path) -> No
     """As many layers as `recipes check` judges to fit (MEMORY_MARGIN free), not the whole GPU:
     26 layers, predicted 136.7 of an H200's 139.8 GiB, ran out of memory there."""
     import gpu_llama3_8b_proxy as proxy
+
     from config.cost.memory import MEMORY_MARGIN
 
     for gpu, fit in (("h100", 11), ("h200", 24)):
