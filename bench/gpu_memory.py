@@ -145,6 +145,7 @@ def predict(cfg: TrainingConfig, gpu: str) -> dict[str, Any]:
             "optimizer": memory.optimizer_gib,
             "activations": memory.activations_gib,
             "logits": memory.logits_gib,
+            "optimizer_step": memory.step_gib,  # at the step, in place of activations + logits
             "overhead": memory.overhead_gib,
         },
         "gpu_memory_gib": cluster.spec.memory_gib,

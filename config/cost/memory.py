@@ -51,6 +51,9 @@ job runs out of memory on its most loaded rank.
   other layers' and one offloaded layer's on its way out or back (config/cost/offload.py).
 - Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
   entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
+- The optimizer step (activations and logits freed): with 16-bit gradients, each FP32 master gets
+  an FP32 copy of its gradient (Megatron-Core's `.float()`), 4 bytes per parameter of the shard;
+  the peak is the larger of the two (measured on an H200, BENCHMARKS.md).
 - Overhead: a constant, see OVERHEAD_GIB.
 """
 
@@ -304,6 +307,7 @@ class MemoryEstimate:
     microbatches_in_flight: float
     pipeline_rank: int  # which rank is the most loaded one
     host_gib: float = 0.0  # pinned host memory per GPU: CPU activation offloading's copies
+    step_gib: float = 0.0  # the optimizer step's FP32 gradient copies (peak: this or acts + logits)
 
 
 def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
@@ -478,23 +482,19 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     for rank, r in enumerate(ranks):
         counts = _in_flight(pp, vpp, rank, mbs, int(overlap and vpp > 1))
         params = r["dense"] + r["expert"] + r["frozen"]
+        held = r["dense"] / dense_group + r["expert"] / expert_group  # the optimizer's shard
         weights = weight_bytes * params + fp8_bytes * r["decoder"]
         grads = grad_bytes * (r["dense"] + r["expert"])
         if fsdp:
-            shard = r["dense"] / dense_group + r["expert"] / expert_group
-            weights = weight_bytes * (shard + r["frozen"] / dense_group + root + 2 * unit)
-            weights, grads = weights + 2 * fp8_bytes * unit, grad_bytes * (shard + root + unit)
-        optimizer = opt_bytes * (r["dense"] / dense_group + r["expert"] / expert_group)
+            weights = weight_bytes * (held + r["frozen"] / dense_group + root + 2 * unit)
+            weights, grads = weights + 2 * fp8_bytes * unit, grad_bytes * (held + root + unit)
         activations = sum(n * a for n, a in zip(counts, acts[rank], strict=True)) + r["working"]
         activations += max(layer_act.values()) if overlap and vpp == 1 else 0.0  # the pair's
-        parts = tuple(x / GIB for x in (weights, grads, optimizer, activations, r["logits"]))
-        host = r["host"] / GIB
-        w, g, o, a, lg = parts
-        total = sum(parts) + OVERHEAD_GIB
-        in_flight = sum(counts) / vpp
-        estimates.append(
-            MemoryEstimate(
-                w, g, o, a, lg, OVERHEAD_GIB, total, round(params), in_flight, rank, host
-            )
+        step = 4 * held / GIB if weight_bytes == grad_bytes == 2 and not fsdp else 0.0
+        w, g, o, a, lg = (
+            x / GIB for x in (weights, grads, opt_bytes * held, activations, r["logits"])
         )
+        total = w + g + o + max(a + lg, step) + OVERHEAD_GIB
+        shape = (round(params), sum(counts) / vpp, rank, r["host"] / GIB, step)
+        estimates.append(MemoryEstimate(w, g, o, a, lg, OVERHEAD_GIB, total, *shape))
     return max(estimates, key=lambda e: e.total_gib)  # the first of the most loaded ranks

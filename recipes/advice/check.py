@@ -109,7 +109,7 @@ def _verdict(fit: bool) -> str:
 
 
 def _breakdown(mem: MemoryEstimate) -> dict[str, float]:
-    parts = ("weights", "gradients", "optimizer", "activations", "logits", "overhead")
+    parts = ("weights", "gradients", "optimizer", "activations", "logits", "step", "overhead")
     return {part: round(getattr(mem, f"{part}_gib"), 2) for part in parts}
 
 
@@ -185,7 +185,13 @@ def render(report: Report) -> str:
             f"memory per GPU (pipeline rank {mem.pipeline_rank}, {_count(mem.params_per_gpu)} params)"
         )
         for part, gib in _breakdown(mem).items():
-            lines.append(f"  {part:<12}{gib:>8.1f} GiB")
+            if part != "step":
+                lines.append(f"  {part:<12}{gib:>8.1f} GiB")
+            elif gib > mem.activations_gib + mem.logits_gib:  # the peak is the optimizer step's
+                lines.append(
+                    f"  {'at step':<12}{gib:>8.1f} GiB: FP32 gradient copies at the optimizer "
+                    "step, counted in place of activations and logits (the larger)"
+                )
         on_gpu = fits(mem.total_gib, c.spec.memory_gib, report.margin)
         limit = (
             f" ({limit_text(c.spec.memory_gib, report.margin)})"

@@ -51,16 +51,17 @@ def gpt_oss_20b_sft() -> TrainingConfig:
 
 
 @recipe(
-    nodes=1,
+    nodes=2,
     gpus_per_node=4,
     gpu="gh200",
-    source=f"{MB_RECIPE}(peft=None) on a 4-GPU GH200 node: TP2 with SP and EP4 in place of EP8",
+    source=f"{MB_RECIPE}(peft=None) on two 4-GPU GH200 nodes: TP2 with SP and EP4 in place of EP8",
 )
-def gpt_oss_20b_sft_4gpu_gh200_bf16() -> TrainingConfig:
-    """gpt-oss-20b full SFT on one 4-GPU GH200 node (an HPC centre's node)."""
-    # 8 experts per GPU (EP4), whose FP32 Adam state no data-parallel rank shares (expert DP 1):
-    # ~58 GiB of a GH200's 96 GB. TP2 with SP halves the attention's weights and activations,
-    # which brings the whole within the 8% headroom (predicted 86.8 of 94.9 GiB).
+def gpt_oss_20b_sft_8gpu_gh200_bf16() -> TrainingConfig:
+    """gpt-oss-20b full SFT on two 4-GPU GH200 nodes (an HPC centre's nodes)."""
+    # One node does not hold it: 8 experts per GPU (EP4) with no expert data-parallel peer keep
+    # ~58 GiB of FP32 Adam state and, at the optimizer step, ~19 GiB of FP32 gradient copies
+    # (predicted 102 of 94.9 GiB). Two nodes shard the experts' state over expert DP 2; TP2 with
+    # SP halves the attention's weights and activations: predicted 63 GiB.
     return _sft(ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=4))
 
 

@@ -2,8 +2,9 @@
 three of four layers).
 
 No NVIDIA performance summary lists Qwen3.5 runs. The pretraining layouts are Megatron-Bridge's
-own H100 recipes (src/megatron/bridge/recipes/qwen/h100/qwen35.py: 27B TP4 PP2, 35B-A3B EP8, on
-one 8-GPU node, BF16); fine-tuning starts from those layouts, from a downloaded Hugging Face
+own H100 recipes (src/megatron/bridge/recipes/qwen/h100/qwen35.py: 27B TP4 PP2 on one 8-GPU
+node; 35B-A3B on 16 GPUs, TP1 PP2 EP8, as its later recipes for the model, BF16); fine-tuning
+starts from those layouts (LoRA on one node), from a downloaded Hugging Face
 folder of the published Qwen3_5(Moe)ForConditionalGeneration (its language model; the vision
 tower and the MTP layer stay in the folder, kept aside by an import). Every DeltaNet and attention
 head count of both sizes (16 key, 48 / 32 value, 24 / 16 query, 4 / 2 KV groups) divides TP 4.
@@ -34,11 +35,21 @@ def _dense_layout() -> ParallelConfig:
     )
 
 
+def _moe_layout_16() -> ParallelConfig:
+    """35B-A3B pretraining and full SFT on 16 GPUs, Megatron-Bridge's later H100 layout for the
+    model (qwen35_vl_35b_a3b_*_16gpu_h100_bf16, its commit a7f4ad56b): TP1 PP2 EP8 ETP1, expert
+    DP 2. One 8-GPU node does not hold full Adam state: 4 bytes a parameter of FP32 gradient
+    copies at the optimizer step on top of the 16 that TP4 PP2 VP10 EP4 kept (predicted 84 of
+    72.9 GiB). Predicted 55 GiB."""
+    return ParallelConfig(
+        pipeline_model_parallel_size=2, expert_model_parallel_size=8, expert_tensor_parallel_size=1
+    )
+
+
 def _moe_layout() -> ParallelConfig:
-    """35B-A3B on one 8-GPU node. Megatron-Bridge's recipe runs EP8 alone; with full Adam state
-    that holds 97 GiB a GPU (the 32B expert parameters have no data-parallel peer to shard their
-    optimizer state with), so the experts go over EP4 inside each of two pipeline stages (ten
-    virtual stages of two layers) and the rest over TP4 with sequence parallel: 73 GiB."""
+    """35B-A3B LoRA on one 8-GPU node (its frozen base holds BF16 weights only). Megatron-Bridge's
+    first recipe ran EP8 alone; the experts go over EP4 inside each of two pipeline stages (ten
+    virtual stages of two layers) and the rest over TP4 with sequence parallel."""
     return ParallelConfig(
         tensor_model_parallel_size=4,
         sequence_parallel=True,
@@ -56,12 +67,13 @@ def qwen3_5_27b_pretrain() -> TrainingConfig:
 
 
 @recipe(
-    nodes=1,
-    source=f"{MB} qwen35_35b_a3b_pretrain_8gpu_h100_bf16_config (EP8), refitted: TP4 PP2 VP10 EP4",
+    nodes=2,
+    source=f"{MB} qwen35_35b_a3b_pretrain_8gpu_h100_bf16_config (EP8), refitted to 16 GPUs as "
+    "its later 16-GPU H100 recipes: TP1 PP2 EP8 ETP1",
 )
 def qwen3_5_35b_a3b_pretrain() -> TrainingConfig:
-    """Qwen3.5 35B-A3B pretraining on one 8-GPU H100 node (Megatron-Bridge's EP8, refitted)."""
-    return pretrain(qwen3_5_35b_a3b(seq_length=4096), _moe_layout(), global_batch_size=64)
+    """Qwen3.5 35B-A3B pretraining on two 8-GPU H100 nodes."""
+    return pretrain(qwen3_5_35b_a3b(seq_length=4096), _moe_layout_16(), global_batch_size=64)
 
 
 @recipe(nodes=1, source=f"{MB}: its 27B layout TP4 PP2 for full SFT, seq 4096, lr 5e-6")
@@ -78,13 +90,17 @@ def qwen3_5_27b_sft() -> TrainingConfig:
 
 
 @recipe(
-    nodes=1, source=f"{MB}: the 35B-A3B pretraining layout (TP4 PP2 VP10 EP4) for full SFT, lr 5e-6"
+    nodes=2, source=f"{MB}: the 35B-A3B pretraining layout (TP1 PP2 EP8 ETP1) for full SFT, lr 5e-6"
 )
 def qwen3_5_35b_a3b_sft() -> TrainingConfig:
-    """Qwen3.5 35B-A3B full SFT on one 8-GPU node, from the published Hugging Face folder."""
+    """Qwen3.5 35B-A3B full SFT on two 8-GPU nodes, from the published Hugging Face folder."""
+    return _moe_sft(_moe_layout_16())
+
+
+def _moe_sft(parallel: ParallelConfig) -> TrainingConfig:
     return finetune(
         qwen3_5_35b_a3b(seq_length=4096),
-        _moe_layout(),
+        parallel,
         data_path="/data/sft/train.jsonl",  # placeholder: {"prompt", "response"} lines
         tokenizer=QWEN3_5_35B_A3B_HF,
         pretrained_dir=QWEN3_5_35B_A3B_HF,
@@ -113,7 +129,7 @@ def qwen3_5_27b_lora() -> TrainingConfig:
 @recipe(nodes=1, source=f"{MB}: the 35B-A3B layout (TP4 PP2 VP10 EP4) with LoRA rank 32, alpha 32")
 def qwen3_5_35b_a3b_lora() -> TrainingConfig:
     """Qwen3.5 35B-A3B LoRA on chat conversations on one 8-GPU node."""
-    cfg = _lora(qwen3_5_35b_a3b_sft())
+    cfg = _lora(_moe_sft(_moe_layout()))
     cfg.train.global_batch_size = 32
     return cfg
 

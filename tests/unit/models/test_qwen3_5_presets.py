@@ -160,17 +160,21 @@ def test_sft_recipes_take_the_published_folder(
 ) -> None:
     """`checkpoint.pretrained_dir=<published folder>`: the recipe's model section is the
     folder's (no field differs); the other size's folder is refused field by field."""
+    from config.rules import validate
     from config.tree import apply_overrides
     from recipes.registry import get
-    from tests.unit.config.test_hf_check import hf_folder, problems
+    from tests.unit.config.test_hf_check import hf_folder
+
+    def problems(cfg: Any) -> set[str]:  # on the recipe's own cluster
+        return {p.field for p in validate(cfg, get(recipe).cluster)}
 
     folder = hf_folder(tmp_path / "ours", published)
     cfg = apply_overrides(get(recipe).config(), [f"checkpoint.pretrained_dir={folder}"])
-    assert problems(cfg) == {}
+    assert problems(cfg) == set()
     wrong = hf_folder(tmp_path / "other", other)
     cfg = apply_overrides(get(recipe).config(), [f"checkpoint.pretrained_dir={wrong}"])
-    assert {"model.num_layers", "model.hidden_size", "model.linear_num_value_heads"} <= set(
-        problems(cfg)
+    assert {"model.num_layers", "model.hidden_size", "model.linear_num_value_heads"} <= problems(
+        cfg
     )
 
 

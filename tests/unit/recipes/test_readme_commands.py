@@ -141,7 +141,7 @@ def printed_run_command(out: str) -> str:
         "recipes plan llama3_8b_pretrain",  # one node: the local executor
         "recipes plan llama3_70b_pretrain --top 2",  # several: slurm-bare, and the container hint
         "recipes plan llama3_8b_pretrain --profile launchers/profiles/slurm-apptainer.toml --nodes 2",
-        "recipes plan qwen3_30b_a3b_pretrain --profile slurm --nvlink-domain 4 --gpus-per-node 4",
+        "recipes plan qwen3_30b_a3b_pretrain --profile slurm --nvlink-domain 4 --gpus-per-node 4 --nodes 4",
     ],
 )
 def test_plans_run_command_and_hint_run_as_printed(
