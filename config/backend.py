@@ -8,6 +8,7 @@ what that spec can build (config/rules/model.py): the answer lives here, torch-f
 from __future__ import annotations
 
 from config.hardware import Cluster
+from config.precision import PrecisionPreset
 from config.schema import TrainingConfig
 
 
@@ -36,3 +37,17 @@ def te_layers(cfg: TrainingConfig, cluster: Cluster) -> bool:
     """Whether `cfg` on `cluster` builds Transformer Engine's layers, and with them its fused cross
     entropy for the loss (models/gpt.py `transformer_config`), as the checker sees it."""
     return local_reason(cfg, cluster) is None
+
+
+def fp8_weights(cfg: TrainingConfig, preset: PrecisionPreset | None) -> bool:
+    """Whether the decoder's weights live in FP8 alone (Transformer Engine's FP8 parameters,
+    Megatron-Core's fp8_param and fp8_param_gather): where the preset asks for it and the
+    distributed optimizer keeps the FP32 masters and all-gathers the FP8 weights. Megatron-FSDP
+    keeps BF16 weights here. The engine (models/gpt.py, training/build.py) and the memory
+    estimate read it from here."""
+    return (
+        preset is not None
+        and preset.fp8_param_gather
+        and cfg.optimizer.use_distributed_optimizer
+        and not cfg.parallel.use_megatron_fsdp
+    )

@@ -1,8 +1,11 @@
 """Mixed-precision presets, named as in NeMo so that users recognise them.
 
 A preset is chosen by name (`precision=bf16_with_fp8_current_scaling_mixed`). The FP8 variants run
-their GEMMs through Transformer Engine with the named scaling recipe; parameters, gradients and
-the optimizer stay in BF16/FP32 as in the plain mixed preset.
+their GEMMs through Transformer Engine with the named scaling recipe; gradients and the optimizer
+stay in BF16/FP32 as in the plain mixed preset. Delayed, current scaling and MXFP8 keep the
+decoder's weights in FP8 alone where the distributed optimizer all-gathers them
+(`fp8_param_gather`, as both NeMo's and Megatron-Bridge's presets of those names set it:
+config/backend.py `fp8_weights`); subchannel scaling and NVFP4 keep BF16 weights.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class PrecisionPreset:
     first_last_layers_bf16: bool = False
     fp8_amax_history_len: int = 1
     loss_scale: str | None = None  # "dynamic" for FP16: gradients underflow without it
+    fp8_param_gather: bool = False  # FP8 weights, no BF16 copy (module docstring)
 
     @property
     def needs(self) -> str | None:
@@ -55,6 +59,7 @@ def _presets() -> dict[str, PrecisionPreset]:
                 fp8_recipe="delayed",
                 fp8_format="hybrid",
                 fp8_amax_history_len=1024,
+                fp8_param_gather=True,
             ),
             PrecisionPreset(
                 name=f"{dtype}_with_fp8_current_scaling_mixed",
@@ -62,6 +67,7 @@ def _presets() -> dict[str, PrecisionPreset]:
                 fp8_recipe="tensorwise",
                 fp8_format="hybrid",
                 first_last_layers_bf16=True,
+                fp8_param_gather=True,
             ),
             PrecisionPreset(
                 name=f"{dtype}_with_fp8_subchannel_scaling_mixed",
@@ -74,6 +80,7 @@ def _presets() -> dict[str, PrecisionPreset]:
                 params_dtype=dtype,
                 fp8_recipe="mxfp8",
                 fp8_format="e4m3",
+                fp8_param_gather=True,
             ),
             PrecisionPreset(
                 name=f"{dtype}_with_nvfp4_mixed", params_dtype=dtype, fp8_recipe="nvfp4"

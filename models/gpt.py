@@ -9,7 +9,8 @@ FP8 / FP4: the preset's recipe goes into TransformerConfig (fp8 / fp8_recipe / f
 then builds Transformer Engine's recipe object (DelayedScaling, Float8CurrentScaling,
 Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) and enters TE's autocast around every
 layer itself (megatron.core.fp8_utils.get_fp8_context), keeping the first and last layers in BF16
-where the preset asks for it. Weights stay in BF16 (fp8_param off).
+where the preset asks for it. The decoder's weights are built in FP8 alone (fp8_param, TE's
+fp8_model_init around each layer) where config/backend.py `fp8_weights` says so.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from config.backend import fp8_weights
 from config.finalize import Derived
 from config.precision import PrecisionPreset
 from config.schema import TrainingConfig, is_gated, masks_packed_rows, selective_modules
@@ -82,7 +84,9 @@ def chunks_per_rank(cfg: TrainingConfig, derived: Derived) -> int:
     return len(derived.pipeline_chunks) // pp if pp > 1 else 1
 
 
-def _precision_fields(preset: PrecisionPreset, dtype: torch.dtype) -> dict[str, Any]:
+def _precision_fields(
+    preset: PrecisionPreset, dtype: torch.dtype, fp8_param: bool = False
+) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "bf16": dtype == torch.bfloat16,
         "fp16": dtype == torch.float16,
@@ -104,7 +108,7 @@ def _precision_fields(preset: PrecisionPreset, dtype: torch.dtype) -> dict[str, 
             fp8_recipe=_FP8_RECIPES[preset.fp8_recipe],
             fp8_amax_history_len=preset.fp8_amax_history_len,
             fp8_amax_compute_algo="max" if preset.fp8_recipe == "delayed" else "most_recent",
-            fp8_param=False,
+            fp8_param=fp8_param,
             first_last_layers_bf16=preset.first_last_layers_bf16,
         )
     return fields
@@ -179,7 +183,7 @@ def transformer_config(
         cross_entropy_fusion_impl=m.cross_entropy_fusion_impl if te else "native",
         # On the CPU, build weights with the CPU generator and slice them per TP rank.
         use_cpu_initialization=device == "cpu",
-        **_precision_fields(derived.preset, dtype),
+        **_precision_fields(derived.preset, dtype, fp8_weights(cfg, derived.preset)),
     )
     if m.kv_channels is not None:
         fields["kv_channels"] = m.kv_channels

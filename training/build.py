@@ -24,6 +24,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from config.backend import fp8_weights
 from config.finalize import Derived
 from config.layout import ddp_bucket_size
 from config.precision import TORCH_DTYPES
@@ -45,7 +46,12 @@ def compute_dtype(cfg: TrainingConfig, derived: Derived, device: str) -> torch.d
 def ddp_config(cfg: TrainingConfig, derived: Derived) -> DistributedDataParallelConfig:
     par, opt = cfg.parallel, cfg.optimizer
     fp16 = derived.preset.params_dtype == "fp16"
+    fp8 = fp8_weights(cfg, derived.preset)
     return DistributedDataParallelConfig(
+        # FP8 weights are all-gathered as FP8; MXFP8's gather reuses the gradient buffer, as
+        # NeMo's and Megatron-Bridge's presets set it (else Megatron-Core warns of the memory).
+        fp8_param_gather=fp8,
+        reuse_grad_buf_for_mxfp8_param_ag=fp8 and derived.preset.fp8_recipe == "mxfp8",
         grad_reduce_in_fp32=par.grad_reduce_in_fp32,
         overlap_grad_reduce=par.overlap_grad_reduce,
         # The parameter all-gather exists only when the distributed optimizer shards the weights.
@@ -185,6 +191,7 @@ def build_optimizer(
         loss_scale=None,
         use_distributed_optimizer=opt.use_distributed_optimizer,
         overlap_param_gather=cfg.parallel.overlap_param_gather and opt.use_distributed_optimizer,
+        reuse_grad_buf_for_mxfp8_param_ag=model[0].ddp_config.reuse_grad_buf_for_mxfp8_param_ag,
     )
     return get_megatron_optimizer(optimizer_config, model)
 

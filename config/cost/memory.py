@@ -20,7 +20,7 @@ job runs out of memory on its most loaded rank.
   whose FP8 GEMMs take any layout (TE's non_tn_fp8_gemm_supported(): compute capability 10 and
   up); MXFP8 and blockwise scale along the rows for one use and the columns for the other, so
   both copies stay (MXFP8 with an E8M0 scale per 32), NVFP4 both at 4 bits with an FP8 scale
-  per 16.
+  per 16; no BF16 weight beside it where FP8 weights stand alone (config/backend.py).
 - Gradients 4 bytes with parallel.grad_reduce_in_fp32, else 2: Megatron's DDP keeps one full-size
   gradient buffer even with the distributed optimizer, which reduce-scatters out of it.
 - Optimizer: FP32 master 4 + Adam moments 8 = 12 bytes (SGD: master 4 + momentum 4), divided with
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from config.backend import te_layers
+from config.backend import fp8_weights, te_layers
 from config.cost import layers
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster, GpuSpec
@@ -78,8 +78,8 @@ GIB = 2**30
 OVERHEAD_GIB = 3.0
 # The share of GPU memory a config must leave free to be predicted to fit: the estimate's error on
 # measured runs and the allocator's fragmentation late in a run. Every run of tests/support/
-# published_runs.py fits within it; 25 of bench/data/published_perf.csv's 202 configurations do
-# not (14 within the whole GPU). `check` (so `run`) and `plan` judge fit by `fits` alone.
+# published_runs.py fits within it; 14 of bench/data/published_perf.csv's 202 configurations do
+# not (6 within the whole GPU). `check` (so `run`) and `plan` judge fit by `fits` alone.
 MEMORY_MARGIN = 0.08
 # The share of a node's memory per GPU that offloaded activations may pin. Megatron-Bridge's
 # offloading recipes (bench/published_table.py OFFLOAD_SETTINGS) pin up to 73% of it by this
@@ -472,7 +472,7 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     weight_bytes, fp8_bytes, grad_bytes, opt_bytes = bytes_per_parameter(
         cfg, derived.preset, cluster.spec
     )
-    sharded = cfg.optimizer.use_distributed_optimizer
+    sharded, fp8_only = cfg.optimizer.use_distributed_optimizer, fp8_weights(cfg, derived.preset)
     dense_group, expert_group = (dp * par.context_parallel_size, edp) if sharded else (1, 1)
     fsdp = par.use_megatron_fsdp  # sharded as the optimizer state, plus what is gathered
     root = (count.embedding + count.output + count.final_norm) / tp
@@ -483,7 +483,7 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
         counts = _in_flight(pp, vpp, rank, mbs, int(overlap and vpp > 1))
         params = r["dense"] + r["expert"] + r["frozen"]
         held = r["dense"] / dense_group + r["expert"] / expert_group  # the optimizer's shard
-        weights = weight_bytes * params + fp8_bytes * r["decoder"]
+        weights = weight_bytes * (params - fp8_only * r["decoder"]) + fp8_bytes * r["decoder"]
         grads = grad_bytes * (r["dense"] + r["expert"])
         if fsdp:
             weights = weight_bytes * (held + r["frozen"] / dense_group + root + 2 * unit)
