@@ -42,12 +42,15 @@ def te_layers(cfg: TrainingConfig, cluster: Cluster) -> bool:
 def fp8_weights(cfg: TrainingConfig, preset: PrecisionPreset | None) -> bool:
     """Whether the decoder's weights live in FP8 alone (Transformer Engine's FP8 parameters,
     Megatron-Core's fp8_param and fp8_param_gather): where the preset asks for it and the
-    distributed optimizer keeps the FP32 masters and all-gathers the FP8 weights. Megatron-FSDP
-    keeps BF16 weights here. The engine (models/gpt.py, training/build.py) and the memory
-    estimate read it from here."""
+    distributed optimizer keeps the FP32 masters and all-gathers the FP8 weights. BF16 weights
+    stay with Megatron-FSDP, and in a run that starts from checkpoint.pretrained_dir: a Hugging
+    Face folder is written into the parameters box by box (training/checkpoint/hf_weights.py),
+    slices that not every TE quantized tensor takes in place. The engine (models/gpt.py,
+    training/build.py) and the memory estimate read it from here."""
     return (
         preset is not None
         and preset.fp8_param_gather
         and cfg.optimizer.use_distributed_optimizer
         and not cfg.parallel.use_megatron_fsdp
+        and not cfg.checkpoint.pretrained_dir
     )

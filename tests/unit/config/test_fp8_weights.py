@@ -43,6 +43,7 @@ def test_the_presets_keep_fp8_weights_as_nemo_and_megatron_bridge_do(name: str, 
     assert fp8_weights(_cfg(name), PRESETS[name]) is fp8
     assert not fp8_weights(_cfg(name, DIST_OFF), PRESETS[name])  # no FP8 all-gather to keep
     assert not fp8_weights(_cfg(name, "parallel.use_megatron_fsdp=true"), PRESETS[name])
+    assert not fp8_weights(_cfg(name, "checkpoint.pretrained_dir=/models/x"), PRESETS[name])
 
 
 @pytest.mark.parametrize("name", list(SOURCES), ids=list(SOURCES))
