@@ -106,8 +106,8 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.05 and held["max"] <= 0.85 and held["top5"] >= 0.46
-    assert held["top5_tied"] >= 0.55  # listed, or one of a listed layout's ties
+    assert held["median"] <= 0.05 and held["max"] <= 0.85 and held["top5"] >= 0.55
+    assert held["top5_tied"] >= 0.61  # listed, or one of a listed layout's ties
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
