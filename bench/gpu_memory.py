@@ -32,6 +32,7 @@ from config.hardware import Cluster  # noqa: E402
 from config.rules import validate  # noqa: E402
 from config.schema import TrainingConfig  # noqa: E402
 from config.tree import apply_overrides, write_yaml  # noqa: E402
+from recipes.advice.check import memory_parts  # noqa: E402
 from recipes.registry import get  # noqa: E402
 
 GOAL = 0.10  # predicted within 10% of measured
@@ -139,15 +140,7 @@ def predict(cfg: TrainingConfig, gpu: str) -> dict[str, Any]:
     return {
         "problems": problems,
         "predicted_gib": memory.total_gib,
-        "predicted_parts_gib": {
-            "weights": memory.weights_gib,
-            "gradients": memory.gradients_gib,
-            "optimizer": memory.optimizer_gib,
-            "activations": memory.activations_gib,
-            "logits": memory.logits_gib,
-            "optimizer_step": memory.step_gib,  # at the step, in place of activations + logits
-            "overhead": memory.overhead_gib,
-        },
+        "predicted_parts_gib": memory_parts(memory),
         "gpu_memory_gib": cluster.spec.memory_gib,
     }
 

@@ -108,9 +108,17 @@ def _verdict(fit: bool) -> str:
     return "fits" if fit else "DOES NOT FIT"
 
 
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "step", "overhead")
+
+
+def memory_parts(mem: MemoryEstimate) -> dict[str, float]:
+    """The estimate's parts in GiB, by name (its total counts the larger of activations + logits
+    and step): what `check --json` reports and bench/gpu_memory.py holds against a GPU."""
+    return {part: getattr(mem, f"{part}_gib") for part in MEMORY_PARTS}
+
+
 def _breakdown(mem: MemoryEstimate) -> dict[str, float]:
-    parts = ("weights", "gradients", "optimizer", "activations", "logits", "step", "overhead")
-    return {part: round(getattr(mem, f"{part}_gib"), 2) for part in parts}
+    return {part: round(gib, 2) for part, gib in memory_parts(mem).items()}
 
 
 def check(
