@@ -282,6 +282,32 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 ]
 
 
+def mb2509_settings(model: str, system: str, release: float) -> list[str]:
+    """What Megatron-Bridge 25.09 ran its MoE models with (r0.1.0 684a686165
+    scripts/performance/run_script.py): Qwen3 30B-A3B and 235B-A22B dropped tokens on every GPU,
+    DeepSeek-V3 on B200 and GB200 (apply_moe_token_drop: capacity 1.0, padded, on the alltoall
+    dispatcher, DeepEP off), there with its shared experts beside the alltoall; DeepSeek-V3 ran
+    DeepEP with the alltoall overlap (A2A_1F1B) on H100 only."""
+    if release != 25.09:
+        return []
+    drop = [
+        "model.moe_token_dispatcher_type=alltoall",
+        "model.moe_expert_capacity_factor=1.0",
+        "model.moe_pad_expert_input_to_capacity=true",
+    ]
+    if model.startswith("Qwen3"):
+        return drop
+    if model != "DeepSeek-V3":
+        return []
+    if system in ("B200", "GB200"):
+        shared = ["parallel.overlap_moe_expert_parallel_comm=false"]
+        return drop + shared + ["model.moe_shared_expert_overlap=true"]
+    return [
+        "model.moe_token_dispatcher_type=flex",
+        "parallel.overlap_moe_expert_parallel_comm=true",
+    ]
+
+
 def loss_settings(model: str, software: str) -> list[str]:
     """Transformer Engine's fused cross entropy where the run's performance scripts set it, else
     nothing (Megatron-Core's fused loss, the engine's default and NeMo 2's):
@@ -417,15 +443,15 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
                 settings += moe_settings(*key) + fused_settings(*key)
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
+                settings += mb2509_settings(row["model"], row["system"], key[-1])
             if (
                 row["model"] == "DeepSeek-V3"
                 and row["software"].startswith("Megatron-Bridge")
                 and "dispatcher=" not in row["notes"]
             ):
-                # Megatron-Bridge 25.09's scripts/performance/run_script.py runs DeepSeek-V3
-                # with DeepEP, and the alltoall overlapped (A2A_1F1B) where the schedule allows
-                # it (interleaved stages, or no pipeline), where its recipe says nothing; a
-                # later release's own settings (MOE_SETTINGS) come after and win.
+                # In the configuration the split hashes since it was first drawn (SEED): DeepEP,
+                # overlapped where the schedule allows it. What each release ran comes after, in
+                # its settings (mb2509_settings, MOE_SETTINGS), and wins.
                 overrides.append("model.moe_token_dispatcher_type=flex")
                 if vp or pp == 1:
                     overrides.append("parallel.overlap_moe_expert_parallel_comm=true")

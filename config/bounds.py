@@ -94,3 +94,4 @@ BETA = within(0, 1, high_open=True)
 # Far enough from 0 that FP32 holds it: 0 would divide 0 by 0 where a gradient or input is 0.
 EPSILON = within(1e-30, 1)
 NON_NEGATIVE = within(0)
+POSITIVE = within(0, low_open=True)

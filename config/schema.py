@@ -36,6 +36,7 @@ from config.bounds import (
     MAX_STEPS,
     MAX_VOCAB,
     NON_NEGATIVE,
+    POSITIVE,
     RANKS,
     SEED,
     STEPS,
@@ -91,9 +92,7 @@ class ModelConfig:
     activation: Literal["swiglu", "geglu", "quick_geglu", "gelu"] = "swiglu"
     # GPT-OSS's clamped GLU (Megatron-Core's names): before act(gate) * (linear + offset), the gate
     # is clamped from above and the linear half to [-value, value]. None: no clamp.
-    activation_func_clamp_value: Optional[float] = field(
-        default=None, metadata=within(0, low_open=True)
-    )
+    activation_func_clamp_value: Optional[float] = field(default=None, metadata=POSITIVE)
     glu_linear_offset: float = field(default=0.0, metadata=NON_NEGATIVE)
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
     # Published bases go up to 1e8 or so; torch takes the base as an int64.
@@ -107,8 +106,8 @@ class ModelConfig:
     rope_scaling_factor: float = field(default=8.0, metadata=within(1))
     # YaRN's parameters (DeepSeek-V3's config.json values as defaults)
     rope_original_max_position_embeddings: int = field(default=4096, metadata=within(1, MAX_SEQ))
-    rope_beta_fast: float = field(default=32.0, metadata=within(0, low_open=True))
-    rope_beta_slow: float = field(default=1.0, metadata=within(0, low_open=True))
+    rope_beta_fast: float = field(default=32.0, metadata=POSITIVE)
+    rope_beta_slow: float = field(default=1.0, metadata=POSITIVE)
     rope_mscale: float = field(default=1.0, metadata=NON_NEGATIVE)
     rope_mscale_all_dim: float = field(default=0.0, metadata=NON_NEGATIVE)
     # YaRN's correction range rounded to whole dimensions (transformers' `truncate`, true unless
@@ -120,7 +119,7 @@ class ModelConfig:
     rotary_base_local: Optional[int] = field(default=None, metadata=within(1, 10**12))
     # Attention logits' scale; None: 1 / sqrt(head dim). Gemma 3 27B: 1 / sqrt(168)
     # (query_pre_attn_scalar) with heads of 128.
-    softmax_scale: Optional[float] = field(default=None, metadata=within(0, low_open=True))
+    softmax_scale: Optional[float] = field(default=None, metadata=POSITIVE)
     # Norms scale by (1 + weight), the weight stored centred on 0 (Gemma's RMSNorm, Qwen3.5 /
     # Qwen3-Next; the weights map as published): weight decay pulls the scale towards 1, not 0.
     layernorm_zero_centered_gamma: bool = False
@@ -183,9 +182,7 @@ class ModelConfig:
     moe_router_enable_expert_bias: bool = False
     moe_router_num_groups: Optional[int] = field(default=None, metadata=HEADS)
     moe_router_group_topk: Optional[int] = field(default=None, metadata=HEADS)
-    moe_router_topk_scaling_factor: Optional[float] = field(
-        default=None, metadata=within(0, low_open=True)
-    )
+    moe_router_topk_scaling_factor: Optional[float] = field(default=None, metadata=POSITIVE)
     # Megatron-Core's names; "none" trains without a balancing loss, "sinkhorn" balances by routing.
     moe_router_load_balancing_type: Literal[
         "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
@@ -196,6 +193,10 @@ class ModelConfig:
     # the container: DeepEP (deep_ep) or HybridEP.
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = "deepep"
+    # Token dropping: an expert takes at most factor x its even share of the tokens (None: all);
+    # padded, exactly that many, and the dispatcher skips its copy of the counts to the host.
+    moe_expert_capacity_factor: Optional[float] = field(default=None, metadata=POSITIVE)
+    moe_pad_expert_input_to_capacity: bool = False
     # The shared experts compute on a side stream while the alltoall or flex dispatcher exchanges
     # the routed tokens (Megatron-Core's moe_shared_expert_overlap).
     moe_shared_expert_overlap: bool = False
@@ -267,7 +268,7 @@ class ParallelConfig:
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
     optimizer: Literal["adam", "sgd"] = "adam"  # adam: AdamW, decoupled weight decay
-    lr: float = field(default=3e-4, metadata=within(0, low_open=True))
+    lr: float = field(default=3e-4, metadata=POSITIVE)
     min_lr: float = field(default=3e-5, metadata=NON_NEGATIVE)
     weight_decay: float = field(default=0.1, metadata=NON_NEGATIVE)
     adam_beta1: float = field(default=0.9, metadata=BETA)
@@ -333,7 +334,7 @@ class TrainConfig:
     seed: int = field(default=1234, metadata=SEED)
     # Every eval_interval steps, the mean loss over eval_iters global batches of the validation
     # split (the same batches each time, so the numbers compare) is logged as val_loss; 0: never.
-    eval_interval: int = field(default=0, metadata=within(0, MAX_STEPS, note="0 means never"))
+    eval_interval: int = field(default=0, metadata=within(0, MAX_STEPS, note="0: never"))
     eval_iters: int = field(default=10, metadata=STEPS)
     # "auto" picks CUDA when present; "cpu" runs the CPU smoke mode (gloo, no FP8).
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -388,7 +389,7 @@ class PeftConfig:
 
     scheme: Literal["none", "lora"] = "none"
     rank: int = field(default=16, metadata=within(1, 65536))
-    alpha: float = field(default=32.0, metadata=within(0, low_open=True))
+    alpha: float = field(default=32.0, metadata=POSITIVE)
     dropout: float = field(default=0.0, metadata=DROPOUT)  # on the adapter's input only
     # Comma-separated module names (LORA_TARGETS): a dotlist override is one string.
     target_modules: str = "linear_qkv,linear_proj,linear_fc1,linear_fc2"
@@ -430,9 +431,7 @@ class ResilienceConfig:
     # step minus its waits in the gradient sync and parameter all-gather) exceeds
     # straggler_factor x the median of the others of its pipeline stage. One slow GPU gates every
     # collective: the others wait for it.
-    straggler_interval: int = field(
-        default=100, metadata=within(0, MAX_STEPS, note="0 means never")
-    )
+    straggler_interval: int = field(default=100, metadata=within(0, MAX_STEPS, note="0: never"))
     # 1.5: well above the spread of healthy ranks, well below a throttled or failing GPU.
     straggler_factor: float = field(default=1.5, metadata=within(1, low_open=True))
     # Hang watchdog: a rank whose step makes no progress for max(hang_min_seconds,
@@ -446,7 +445,7 @@ class ResilienceConfig:
     # The allowance for what is not a training step: start-up up to the first step (imports,
     # rendezvous, model build, checkpoint load, compilation) and the work between steps
     # (evaluation, checkpoint saves, the stop decision).
-    hang_startup_seconds: float = field(default=1800.0, metadata=within(0, low_open=True))
+    hang_startup_seconds: float = field(default=1800.0, metadata=POSITIVE)
     # On Slurm, a job whose training step fails (a crash, the watchdog) requeues itself with
     # `scontrol requeue` while SLURM_RESTART_COUNT is below this; the requeued job resumes from
     # the newest complete checkpoint. 0: never requeue.

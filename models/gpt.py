@@ -212,6 +212,8 @@ def transformer_config(
             moe_aux_loss_coeff=m.moe_aux_loss_coeff,
             moe_token_dispatcher_type=m.moe_token_dispatcher_type,
             moe_flex_dispatcher_backend=m.moe_flex_dispatcher_backend,
+            moe_expert_capacity_factor=m.moe_expert_capacity_factor,
+            moe_pad_expert_input_to_capacity=m.moe_pad_expert_input_to_capacity,
             moe_shared_expert_overlap=m.moe_shared_expert_overlap,
             moe_grouped_gemm=m.moe_grouped_gemm,
             # The experts' FC1, activation and FC2 as one Transformer Engine op (build_chunks).

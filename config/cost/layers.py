@@ -111,7 +111,7 @@ def first_moe_layer(m: ModelConfig) -> int:
     return num_dense_layers(m) if m.num_moe_experts else m.num_layers + 1
 
 
-def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
+def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[float, float]:
     """Bytes per token one layer saves for its backward: (outside, inside) the TP regions.
 
     Without sequence parallel the outside part is replicated on every TP rank, with it everything
@@ -131,7 +131,7 @@ def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
         # Down projections' input; q and kv latents (norm inputs and up projections' inputs).
         outside += lin * h + (2 + lin) * ql + 2 * (kvl + rope) + lin * kvl
         qk = m.qk_head_dim + rope
-        inside = 2 * heads * (2 * qk + m.v_head_dim) + out * heads * m.v_head_dim
+        inside: float = 2 * heads * (2 * qk + m.v_head_dim) + out * heads * m.v_head_dim
     else:
         d = head_dim(m)
         hq, hkv = heads * d, (m.num_query_groups or heads) * d
@@ -143,13 +143,24 @@ def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
         outside += 2 * h + 4 * (
             m.num_moe_experts or 0
         )  # router input (BF16) and FP32 routing scores
-        inside += topk * (lin * h + 2 * act * fe + lin * fe)  # each token visits top-k experts
+        # each token visits top-k experts (what token dropping pads or drops: expert_share)
+        inside += topk * expert_share(m) * (lin * h + 2 * act * fe + lin * fe)
         fs = m.moe_shared_expert_intermediate_size or 0
         inside += 2 * act * fs + lin * fs
     else:
         outside += lin * h
         inside += 2 * act * m.ffn_hidden_size + lin * m.ffn_hidden_size
     return outside, inside
+
+
+def expert_share(m: ModelConfig) -> float:
+    """The rows the experts compute, as a share of a microbatch's top-k token copies: token
+    dropping pads every expert to its capacity (factor x its even share) or drops what exceeds it,
+    which the published runs' even routing (moe_router_force_load_balancing) never reaches."""
+    factor = m.moe_expert_capacity_factor
+    if factor is None:
+        return 1.0
+    return factor if m.moe_pad_expert_input_to_capacity else min(1.0, factor)
 
 
 def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:

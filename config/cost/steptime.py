@@ -25,10 +25,10 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - cp: the ring exchange of keys and values (and gradients) across CP, less what attention hides.
 - ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
   leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
-  top-k copies; the flex one (DeepEP, HybridEP) sends a token once to each other domain holding
-  one of its experts (fewer with group-limited routing: `layers.remote_domains`) and fans it out over
-  NVLink there. Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides the
-  forward's alltoalls behind another microbatch's backward and the backward's behind a forward
+  top-k copies; the flex one (DeepEP, HybridEP) sends it once to each other domain and each other
+  GPU holding one of its experts (DeepEP's is_token_in_rank; fewer with group-limited routing:
+  `layers.remote_domains`). Exposed whole, unless parallel.overlap_moe_expert_parallel_comm hides
+  the forward's alltoalls behind another microbatch's backward and the backward's behind a forward
   (what overlaps slows that compute by overlap_contention), except in the schedule's warm-up
   forwards and cool-down backwards, which have no partner.
 - recompute: full recompute runs the layer's forward again (a third of its compute, half its TP and
@@ -59,8 +59,8 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from config.cost import layers, offload
-from config.cost.collectives import ring, ring_latency, slowest_of
+from config.cost import dataparallel, layers, offload
+from config.cost.collectives import slowest_of
 from config.cost.constants import CONSTANTS, VALUES
 from config.cost.memory import (
     ParamCount,
@@ -72,7 +72,7 @@ from config.cost.memory import (
 )
 from config.finalize import Derived
 from config.hardware import Cluster, GpuSpec
-from config.layout import ddp_bucket_size, warmup_forwards
+from config.layout import warmup_forwards
 from config.schema import TrainingConfig, is_gated, selective_modules
 
 
@@ -241,20 +241,22 @@ def layer_costs(
     if m.num_moe_experts:
         E, topk = m.num_moe_experts, m.moe_router_topk
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
-        per_expert = (tokens * topk * et * e) / (t * E)  # rows of one local expert's GEMM
-        flops = 6 * tokens * topk * layers.mlp(m, fe)[0] / t
+        routed = tokens * topk * layers.expert_share(m)  # token copies the experts compute
+        per_expert = routed * et * e / (t * E)  # rows of one local expert's GEMM
+        flops = 6 * routed * layers.mlp(m, fe)[0] / t
         narrow = "expert_half_dim_fused" if m.moe_fused_grouped_mlp else "expert_half_dim"
         experts = gemm(flops, per_expert, fe / et, h, rate, k[constant(narrow, spec)])
         shared = gemm(6 * tokens * layers.mlp(m, fs)[0] / t, tokens, fs / t, h, rate) if fs else 0.0
         router = gemm(6 * tokens * h * E / t, tokens, E, h, bf16)
         ep = 0.0
         if e > 1:  # each alltoall moves the rank's tokens x top-k hidden vectors in BF16
-            volume = 4 * tokens / sp * topk * h * 2
+            volume = 4 * routed / sp * h * 2
             inside = max(1, min(e * et, cluster.domain) // et)  # EP peers on this domain
             if m.moe_token_dispatcher_type == "flex":  # once per remote domain, then NVLink
                 groups = (m.moe_router_num_groups or 1, m.moe_router_group_topk or 1)
                 remote = layers.remote_domains(E, topk, *groups, -(-e // inside))
-                ep = max(volume * remote / topk / net, volume * (inside - 1) / inside / nvl(inside))
+                local = max(0.0, layers.remote_domains(E, topk, *groups, e) - remote)  # GPUs
+                ep = max(volume * remote / topk / net, volume * local / topk / nvl(inside))
             else:
                 ep = max(volume * (e - inside) / e / net, volume * (inside - 1) / e / nvl(inside))
             if par.overlap_moe_expert_parallel_comm:  # behind another microbatch's compute:
@@ -275,7 +277,7 @@ def layer_costs(
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
         act = 2 if is_gated(m) else 1
-        again["moe_act"] = ({}, {"memory": tokens * topk / t * (2 * act * fe + 2 * fe) / hbm})
+        again["moe_act"] = ({}, {"memory": routed / t * (2 * act * fe + 2 * fe) / hbm})
         again["shared_experts"] = ({}, {"gemm": shared / 3})
         again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
     vocab = derived.padded_vocab_size
@@ -397,12 +399,12 @@ def predict(
     Without `detail` the layers' terms are one, "layers" (the planner's first pass prices
     thousands of layouts and needs only the total)."""
     m, par, spec = cfg.model, cfg.parallel, cluster.spec
-    chunks, dp = derived.pipeline_chunks, derived.data_parallel_size
+    chunks = derived.pipeline_chunks
     microbatches = derived.num_microbatches
     if not spec.bf16_tflops:
         return None
     costs = costs or layer_costs(cfg, cluster, derived, k)
-    pp, moe = par.pipeline_model_parallel_size, bool(m.num_moe_experts)
+    pp = par.pipeline_model_parallel_size
     vpp = len(chunks) // pp
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
@@ -444,54 +446,9 @@ def predict(
     # layers' (two sends and receives to post, the schedule's host work per chunk): what makes
     # one layer per virtual stage no free lunch.
     step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
-
-    # Data parallel: reduce-scatter the gradients, all-gather the parameters (the distributed
-    # optimizer) or all-reduce (twice a reduce-scatter), bucket by bucket; the last microbatch's
-    # backward and the first one's forward hide what overlaps, except the last bucket's
-    # reduction (the backward has ended) and the first bucket's gather (the forward waits for
-    # it): buckets grow with the data-parallel size (config/layout.py). Megatron-FSDP does it for
-    # every microbatch (the weights twice, for forward and backward), behind every one's compute.
-    dense_p, expert_p = rank_params(costs.params, slowest)
-    grad = 4 if par.grad_reduce_in_fp32 else 2
-    sharded = cfg.optimizer.use_distributed_optimizer
-    dense_group = dp * c
-    edp = derived.expert_data_parallel_size
-    et = derived.expert_tensor_parallel_size if moe else 1
-    e = par.expert_model_parallel_size if moe else 1
-    reduce, gather, tail_reduce, tail_gather = 0.0, 0.0, 0.0, 0.0
-    passes = 1 if sharded else 2  # an all-reduce is a reduce-scatter and an all-gather
-    fsdp = par.use_megatron_fsdp  # not DDP's buckets: priced by bandwidth alone
-    for params, group, stride in ((dense_p, dense_group, t * c), (expert_p, edp, e * et)):
-        if group > 1 and params:
-            per_param = (group - 1) / group / ring(cluster, group, stride, k)
-            latency = 0.0 if fsdp else ring_latency(cluster, group, stride, k)
-            # The first stage's first chunk in buckets, every other chunk in one (ddp_bucket_size).
-            bucket = params / vpp
-            if par.overlap_grad_reduce:
-                bucket = min(bucket, ddp_bucket_size(dense_group))
-            buckets = -(-params / vpp // bucket) + vpp - 1
-            reduce += passes * (grad * params * per_param + buckets * latency)
-            tail_reduce += passes * (grad * bucket * per_param + latency)
-            if sharded:
-                gather += 2 * params * per_param + buckets * latency
-                tail_gather += 2 * bucket * per_param + latency
-    backward = 2 / 3 * totals[slowest]
-    if fsdp:  # per microbatch: weights gathered twice (BF16), grads scattered
-        reduce, gather = reduce * microbatches, gather * 2 * microbatches
-        backward, forward = backward * microbatches, totals[slowest] / 3 * microbatches
-        tail_reduce = tail_gather = 0.0  # behind the next microbatch's compute
-    else:
-        forward = totals[slowest] / 3  # the first microbatch's
-    hidden = 0.0  # what overlaps compute slows it a little (SMs and HBM bandwidth taken)
-    if par.overlap_grad_reduce:
-        exposed = min(reduce, max(reduce - backward, tail_reduce))
-        hidden, reduce = reduce - exposed, exposed
-    if par.overlap_param_gather and sharded:
-        exposed = min(gather, max(gather - forward, tail_gather))
-        hidden, gather = hidden + gather - exposed, exposed
-    step["dp"] = reduce + gather + k["overlap_contention"] * hidden
-    shard = dense_p / dense_group + expert_p / edp if sharded else dense_p + expert_p
-    step["optimizer"] = k["optimizer_bytes"] * shard / (spec.hbm_gb_s * 1e9)
+    step["dp"], step["optimizer"] = dataparallel.seconds(
+        cfg, cluster, derived, k, rank_params(costs.params, slowest), vpp, totals[slowest]
+    )
 
     seconds = sum(step.values())
     tokens_per_gpu = cfg.train.global_batch_size * m.seq_length / seconds / cluster.world_size

@@ -46,6 +46,7 @@ def moe(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     out += _layers(cfg) + _widths(cfg, etp) + _router(cfg) + _dispatcher(cfg, ep, etp)
+    out += _capacity(cfg)
     return out + _shared_overlap(cfg)
 
 
@@ -286,6 +287,41 @@ def _dispatcher(cfg: TrainingConfig, ep: int, etp: int) -> list[Problem]:
             "parallel.expert_model_parallel_size, or the hybridep backend",
         )
     ]
+
+
+def _capacity(cfg: TrainingConfig) -> list[Problem]:
+    """Token dropping: what TransformerConfig refuses of the capacity factor and its padding."""
+    m, out = cfg.model, []
+    factor, pad = m.moe_expert_capacity_factor, m.moe_pad_expert_input_to_capacity
+    balance = m.moe_router_load_balancing_type
+    if factor is not None and balance == "sinkhorn":
+        out.append(
+            Problem(
+                "model.moe_expert_capacity_factor",
+                f"is {factor} with sinkhorn load balancing; Megatron-Core drops tokens only with "
+                "aux_loss, seq_aux_loss, global_aux_loss or none: use one, or unset the factor",
+            )
+        )
+    if pad and factor is None:
+        out.append(
+            Problem(
+                "model.moe_pad_expert_input_to_capacity",
+                "is true but model.moe_expert_capacity_factor is unset (dropless): padding fills "
+                "each expert up to its capacity; set a factor (1.0: each expert's even share), "
+                "or set this false",
+            )
+        )
+    deepep = m.moe_token_dispatcher_type == "flex" and m.moe_flex_dispatcher_backend == "deepep"
+    if pad and deepep:
+        out.append(
+            Problem(
+                "model.moe_pad_expert_input_to_capacity",
+                "is true with the flex dispatcher's DeepEP backend, which does not pad: use "
+                "model.moe_flex_dispatcher_backend=hybridep or the alltoall dispatcher, or set "
+                "this false",
+            )
+        )
+    return out
 
 
 def _shared_overlap(cfg: TrainingConfig) -> list[Problem]:

@@ -3,7 +3,7 @@
 Each run (PLANNED: conftest.BASE with a layout's overrides) trains 20 steps on 2 or 4 CPU
 processes, and the tests read its <run_dir>/metrics.jsonl. The runs are grouped by process count:
 the first test that asks for a run trains it together with every other planned run of its process
-count, one after another in one `torchrun --standalone -m tests.smoke.run_many` launch (the six
+count, one after another in one `torchrun --standalone -m tests.smoke.run_many` launch (the seven
 2-process runs in one, the 4-process one in another), because on two cores each launch's start-up
 (Python, torch and Megatron-Core on every rank) costs as much as one of these runs. Each run still
 builds and tears down its own Megatron-Core groups, into its own run dir, as
@@ -35,6 +35,17 @@ PLANNED = {
     "pp2_eval": Planned(2, (*PP2, "train.eval_interval=5", "train.eval_iters=2")),
     "moe_ep2": Planned(2, (*MOE, "parallel.expert_model_parallel_size=2")),
     "moe_dp2": Planned(2, MOE),
+    # Top 2 of 4 experts at capacity factor 2: every expert may take every token, none is
+    # dropped, and each expert's rows are padded to that capacity.
+    "moe_ep2_padded": Planned(
+        2,
+        (
+            *MOE,
+            "parallel.expert_model_parallel_size=2",
+            "model.moe_expert_capacity_factor=2.0",
+            "model.moe_pad_expert_input_to_capacity=true",
+        ),
+    ),
     "pp2_vpp2_dp2": Planned(4, (*PP2, "parallel.virtual_pipeline_model_parallel_size=2")),
 }
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu", "mfu"}
@@ -111,6 +122,19 @@ def test_expert_parallel_matches_data_parallel(planned: Runs) -> None:
     for a, b in zip(ep[:5], dp[:5], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-3)
     assert ep[0]["grad_norm"] == pytest.approx(dp[0]["grad_norm"], rel=1e-3)
+
+
+def test_padded_experts_that_drop_nothing_train_as_dropless_ones(planned: Runs) -> None:
+    """Token dropping's padded path (Megatron-Core's capacity and padding, which the dispatcher
+    needs no token counts on the host for) against the dropless one: with room for every token
+    the padding rows carry zero weight, so the losses and gradients are the dropless run's up to
+    rounding (the weight gradients sum over more rows, in another order). Measured: steps 1-2
+    equal to 6 decimals, then 1e-5 apart, 7e-5 by step 5 and ~3e-4 by step 20."""
+    padded, dropless = planned.metrics("moe_ep2_padded"), planned.metrics("moe_ep2")
+    assert_learns(padded)
+    assert padded[0]["grad_norm"] == pytest.approx(dropless[0]["grad_norm"], rel=1e-5)
+    for a, b in zip(padded[:5], dropless[:5], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=5e-4)
 
 
 def test_invalid_config_fails_before_training(runs: Runs) -> None:

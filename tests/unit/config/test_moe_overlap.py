@@ -1,5 +1,5 @@
 """The MoE token exchange in the step-time model and the planner: the flex dispatcher's one send
-per remote node (held against Megatron-Core's own router), the alltoall overlap
+per remote node and per GPU (held against Megatron-Core's own router), the alltoall overlap
 (parallel.overlap_moe_expert_parallel_comm) in the model, the memory estimate, the planner and the
 process environment. Its checker rules are held against Megatron-Core in test_rules_moe_oracle.py."""
 
@@ -33,6 +33,7 @@ ROUTINGS = [
     (128, 8, 1, 1, 2),
     (128, 8, 1, 1, 4),
     (64, 6, 1, 1, 8),
+    (128, 8, 1, 1, 8),  # Qwen3 30B-A3B's ranks at EP 8: a "domain" of one GPU
 ]
 
 
@@ -69,7 +70,9 @@ def test_flex_sends_a_token_once_per_remote_node() -> None:
     dispatcher sends ~3.5 copies of a token over the network, the alltoall one 8 x 7/8 = 7."""
     alltoall, flex = _ep_seconds([]), _ep_seconds([FLEX])
     assert flex == pytest.approx(alltoall * 3.5 / 7, rel=0.02)
-    # Inside one node both move the same copies over NVLink.
+    # Inside one node the alltoall sends a token's 8 copies to 7/8 x 8 other GPUs; the flex
+    # dispatcher sends it once to each GPU holding one of its experts (DeepEP's is_token_in_rank):
+    # 4 groups picked of 8, a group per GPU, 4 x 7/8 = 3.5 others.
     one_node = Cluster(num_nodes=1, gpus_per_node=8, gpu="h100")
     inside = [
         "parallel.expert_model_parallel_size=8",
@@ -79,7 +82,11 @@ def test_flex_sends_a_token_once_per_remote_node() -> None:
         "parallel.virtual_pipeline_model_parallel_size=null",
         "train.global_batch_size=8",
     ]
-    assert _ep_seconds(inside, one_node) == pytest.approx(_ep_seconds([*inside, FLEX], one_node))
+    once = layers.remote_domains(256, 8, 8, 4, 8) / 7
+    assert once == pytest.approx(0.5)
+    assert _ep_seconds([*inside, FLEX], one_node) == pytest.approx(
+        _ep_seconds(inside, one_node) * once
+    )
 
 
 def test_the_overlap_hides_the_alltoall_behind_compute() -> None:

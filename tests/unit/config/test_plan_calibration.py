@@ -32,6 +32,15 @@ KNOWN_MISSES = {
         "H100 is within the estimate's error (a lent H200 measured the dense estimate at 0.97 "
         "of the allocated peak), and NVIDIA published no PP 4 run of it"
     ),
+    "Qwen3 30B-A3B FP8, 16 GPUs": (
+        "predicted within 1% (HybridEP over both nodes, EP 16), it ranked 4th until the flex "
+        "dispatcher was priced sending a token once to each GPU of its node that holds one of its "
+        "experts (DeepEP's dispatch layout), not once per expert: EP inside a node got cheaper, "
+        "and layouts that keep the exchange on NVLink (PP 1 EP 8, PP 2 EP 2) are now priced 4-7% "
+        "faster. No published run measures them: the 26.02.01 row labelled PP 2 VP 12 EP 8 "
+        "disagrees with that release's recipe, EP 16 (bench/data/megatron_bridge_perf_settings.md, "
+        "section 8), and the EP 8 runs of 26.02 overlapped the alltoall"
+    ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "priced as published (DeepEP, the alltoall overlapped), the published layout is "
         "predicted within 4% and the planner's best layouts share its EP 64, the one that sends "

@@ -105,6 +105,8 @@ MOVES: dict[str, list] = {
     "model.mtp_num_layers": [None, 1],
     "parallel.overlap_moe_expert_parallel_comm": [False, True],
     "model.moe_shared_expert_overlap": [False, True],
+    "model.moe_expert_capacity_factor": [None, None, 1.0, 1.5],
+    "model.moe_pad_expert_input_to_capacity": [False, False, True],
 }
 
 
@@ -160,6 +162,22 @@ CASES: list[list[tuple[str, object]]] = [
         ("parallel.expert_tensor_parallel_size", 1),
         ("parallel.expert_model_parallel_size", 8),
     ],
+    # token dropping: padded without a capacity, with sinkhorn, padded under each flex backend
+    [("model.moe_pad_expert_input_to_capacity", True)],
+    [("model.moe_expert_capacity_factor", 1.0), ("model.moe_pad_expert_input_to_capacity", True)],
+    [
+        ("model.moe_expert_capacity_factor", 1.0),
+        ("model.moe_router_load_balancing_type", "sinkhorn"),
+    ]
+    + [("model.moe_aux_loss_coeff", 0.0)],
+    *(
+        [
+            ("model.moe_expert_capacity_factor", 1.0),
+            ("model.moe_pad_expert_input_to_capacity", True),
+        ]
+        + [("model.moe_token_dispatcher_type", "flex"), ("model.moe_flex_dispatcher_backend", b)]
+        for b in ("deepep", "hybridep")
+    ),
     # top-1 softmax routing: without pre-softmax, with it, with sinkhorn (no aux loss)
     [("model.moe_router_topk", 1)],
     [("model.moe_router_topk", 1), ("model.moe_router_pre_softmax", True)],
