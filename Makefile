@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint typecheck golden bench env clean gpu-check
 
-$(STAMP): pyproject.toml scripts/setup_env.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 

@@ -26,4 +26,6 @@ echo "using $python ($("$python" --version))"
 # This machine's pip also looks in local mirrors; their "Location ... is ignored" warnings are noise.
 quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 quiet "$venv/bin/python" -m pip install --quiet --upgrade pip
-quiet "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+# constraints.txt: the versions of the last green CI run, so that a new release changes nothing
+# unseen (pyproject.toml keeps the ranges that containers and clusters install from).
+quiet "$venv/bin/python" -m pip install --quiet -c constraints.txt -e ".[dev]"
