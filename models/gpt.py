@@ -26,6 +26,7 @@ from megatron.core import parallel_state
 from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from megatron.core.utils import get_batch_on_this_cp_rank
 
 from config.backend import fp8_weights
 from config.finalize import Derived
@@ -342,6 +343,17 @@ def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return ~(causal & same).unsqueeze(1)
 
 
+def on_this_cp_rank(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This context-parallel rank's part of a microbatch's sequences: Megatron-Core's zigzag split
+    (get_batch_on_this_cp_rank: of 2 x CP chunks, rank r takes r and 2 x CP - 1 - r, so each rank
+    has as much causal attention to compute), positions kept; the batch itself untouched (a
+    microbatch passes through every model chunk of a rank). The whole batch without CP."""
+    if parallel_state.get_context_parallel_world_size() <= 1:
+        return batch
+    group = parallel_state.get_context_parallel_group()
+    return get_batch_on_this_cp_rank(dict(batch), is_hybrid_cp=False, cp_group=group)
+
+
 def forward(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], schedule_plan: bool = False
 ) -> tuple[Any, torch.Tensor]:
@@ -352,6 +364,7 @@ def forward(
     `schedule_plan` (the MoE alltoall overlap's combined 1F1B schedule asks for it), the same
     inputs build GPTModel's schedule plan, which that schedule runs in place of the forward.
     """
+    batch = on_this_cp_rank(batch)
     mask = attention_mask(batch["segment_ids"]) if "segment_ids" in batch else None
     # build_schedule_plan is GPTModel's own: typed as an nn.Module, `model` does not declare it.
     run: Callable[..., Any] = (

@@ -103,6 +103,15 @@ def init_model_parallel(
     )
 
 
+def replica_rank() -> int:
+    """Which data-parallel replica this rank's samples are: its TP, PP and CP peers read the same
+    ones (a CP rank then computes its part of each sequence: models/gpt.py on_this_cp_rank).
+    Megatron-Core's data-parallel rank, without context parallel."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_rank()
+
+
 def set_seeds(seed: int) -> None:
     """Python, NumPy and torch seeds, plus Megatron-Core's tracked streams.
 

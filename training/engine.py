@@ -136,8 +136,7 @@ class Trainer:
         self._groups_before = distributed.process_groups()  # close() destroys the ones it builds
         distributed.init_model_parallel(cfg, derived, chunks_per_rank(cfg, derived))
         distributed.set_seeds(cfg.train.seed)
-        # Every rank of a replica (its TP, PP and CP ranks) reads that replica's samples.
-        self.dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        self.dp_rank = distributed.replica_rank()  # its TP, PP and CP peers read its samples
         self.torch_device = (
             torch.device("cuda", torch.cuda.current_device())
             if device == "cuda"
