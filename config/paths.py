@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from config.schema import TrainingConfig
 
 CONFIG_FILE = "config.yaml"  # the resolved config every rank reads: <run dir>/config.yaml
+LAUNCH_RECORD = "launch.json"  # how the run was launched (its Slurm job ids) and how it ended
 CHECKPOINTS = "checkpoints"  # the checkpoint folder when checkpoint.save_dir is unset
 RUNS = "runs"  # the folder new run directories go under when no run_root is given
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from config import paths
 from config.tree import ConfigError
 from launchers.env import EnvPlan
 from launchers.slurm import ENTRY_MODULE
@@ -235,12 +236,9 @@ def _send(processes: list[Any], signum: int) -> None:
             pass
 
 
-LAUNCH_RECORD = "launch.json"  # in the run directory: how the run was launched, and how it ended
-
-
 def write_record(run_dir: Path, **fields: Any) -> None:
     """Merge `fields` into <run dir>/launch.json (read by `recipes runs`)."""
-    path = run_dir / LAUNCH_RECORD
+    path = run_dir / paths.LAUNCH_RECORD
     record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     record.update(fields)
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

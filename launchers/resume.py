@@ -29,6 +29,7 @@ from config import paths
 from config.layout import FSDP_SHARDING, layout_problems, resume_sharding
 from config.schema import TrainingConfig
 from config.tree import ConfigError, differences
+from launchers.sbatch import queued
 from training.checkpoint import dirs, lora_base
 
 # Fields that cannot change on resume (a prefix ends with "."), and why.
@@ -68,11 +69,23 @@ def latest_state(cfg: TrainingConfig, run_dir: Path) -> tuple[Path, dict[str, An
 
 
 def check_resume(cfg: TrainingConfig, run_dir: Path) -> None:
-    """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, or a
+    """ConfigError (exit 2, nothing launched, nothing written) for a resume that cannot work, a
     run directory or checkpoint folder another live run holds (training/checkpoint/dirs.py
-    RunFolders: what the ranks' `hold_run_folders` would answer)."""
+    RunFolders: what the ranks' `hold_run_folders` would answer), or a run directory a queued
+    Slurm job will start in (launchers/sbatch.py `queued`)."""
     folder = paths.checkpoint_dir(cfg.checkpoint.save_dir, run_dir)
     busy = dirs.RunFolders(run_dir, folder).busy()
+    jobs = queued(run_dir)
+    if jobs:
+        ids = " ".join(job.split()[0] for job in jobs)
+        busy.append(
+            (
+                "logging.run_dir",
+                f"{run_dir} has Slurm job(s) {', '.join(jobs)} submitted into it, which will "
+                f"start with its config.yaml: wait for them to end, cancel them (scancel {ids}), "
+                "or give this run its own logging.run_dir",
+            )
+        )
     if busy:
         raise ConfigError(busy)
     found = latest_state(cfg, run_dir)

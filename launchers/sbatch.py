@@ -17,12 +17,14 @@ under `bash -n` and by running the script with a sentinel command.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
 
 import jinja2
 
+from config import paths
 from config.tree import ConfigError
 from launchers.containers import Arg, Raw
 from launchers.slurm import (
@@ -128,3 +130,31 @@ def submit(script: Path, chain: int = 1, sbatch: str = "sbatch") -> list[str]:
             )
         ids.append(done.stdout.strip().split(";")[0])  # --parsable: "id" or "id;cluster"
     return ids
+
+
+def queued(run_dir: Path, squeue: str = "squeue") -> list[str]:
+    """The jobs `recipes run` submitted into `run_dir` (its launch record) that Slurm still holds,
+    as "id (STATE)": each will start with the config.yaml it finds there, so another launch into
+    the folder must not replace it. [] where there are none, where the run never went to Slurm,
+    and where squeue cannot say (a machine without Slurm: nothing can be queued from there)."""
+    record = Path(run_dir) / paths.LAUNCH_RECORD
+    try:
+        ids = json.loads(record.read_text(encoding="utf-8")).get("job_ids") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    held = []
+    for job in ids:  # one at a time: squeue refuses a whole list when one id is already purged
+        try:
+            done = subprocess.run(
+                [squeue, "-h", "-o", "%i %T", "-j", str(job)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        for line in done.stdout.splitlines() if done.returncode == 0 else []:
+            found, _, state = line.partition(" ")
+            if found == str(job) and state.strip() not in ("", "COMPLETING"):
+                held.append(f"{job} ({state.strip()})")
+    return held

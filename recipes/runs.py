@@ -76,7 +76,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     last = rows[-1] if rows else {}
     folder = paths.checkpoint_dir(ckpt.get("save_dir"), run_dir)  # where its ranks saved
     latest = dirs.latest_checkpoint(folder) if folder.is_dir() else None
-    launch = _read_json(run_dir / "launch.json")
+    launch = _read_json(run_dir / paths.LAUNCH_RECORD)
     step, max_steps = last.get("step"), train.get("max_steps")
     state = _state(folder, launch, step, max_steps)
     return {

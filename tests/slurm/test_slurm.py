@@ -192,6 +192,29 @@ def test_a_failed_job_requeues_and_resumes(
     assert steps(run_dir) == list(range(1, 13))  # one record per step across the two attempts
 
 
+def test_a_run_folder_a_queued_job_will_start_in_is_refused(
+    slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A job submitted into a run folder and still queued (held here: SBATCH_HOLD, as
+    `sbatch --hold`) will start with the config.yaml it finds there: a second `recipes run` into
+    the folder is refused before it writes anything, naming the job and the fix."""
+    tmp = tmp_path_factory.mktemp("queued")
+    run_dir = tmp / "run"
+    ids, _ = submit(slurm | {"SBATCH_HOLD": "1"}, tmp, run_dir, "train.max_steps=10")
+    (job,) = ids
+    with cancelled(slurm, ids):
+        config = (run_dir / "config.yaml").read_bytes()
+        argv = [sys.executable, "-m", "recipes", "run", "tiny_gpt_pretrain", "--profile"]
+        argv += [str(profile(tmp)), "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu"]
+        argv += [f"logging.run_dir={run_dir}", "train.max_steps=20"]
+        done = children.run(argv, capture_output=True, text=True, env=slurm, timeout=120, cwd=tmp)
+        out = done.stdout + done.stderr
+        assert done.returncode == 2, out
+        assert f"{job} (PENDING)" in out and f"scancel {job}" in out, out
+        assert "logging.run_dir" in out, out
+        assert (run_dir / "config.yaml").read_bytes() == config  # the queued job's, untouched
+
+
 def test_the_container_jobs_ran_in_pyxis_containers(chain: dict, slurm: dict[str, str]) -> None:
     """pyxis's own word (slurmd's log) that it started each job's step in a container from the
     image, and none for the jobs without one; the ranks found `python` and `torchrun` only in the

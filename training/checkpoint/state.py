@@ -283,7 +283,12 @@ def load_model_and_optimizer(model: list[Any], optimizer: Any, folder: Path, sha
             raise ValueError(
                 f"{folder}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
             )
-    optimizer.load_state_dict(loaded["optimizer"])
+    # No autograd while the saved state is copied in place: with FP32 weights the distributed
+    # optimizer's main parameters are views of the model's, leaves that require grad, and Megatron-
+    # Core's dp_reshardable load (load_parameter_state_from_dp_reshardable, unlike its
+    # fs_model_space sibling) runs its copy_ without torch.no_grad(), which autograd refuses.
+    with torch.no_grad():
+        optimizer.load_state_dict(loaded["optimizer"])
     _restore_adam_steps(optimizer)
 
 
