@@ -30,7 +30,7 @@ from config.hf import CONFIG_FILE, is_hf_folder
 from config.lora import ADAPTER_NAMES
 from models.hf import module_of
 from models.hf.mapping import Assembler, split
-from training.checkpoint import dirs
+from training.checkpoint import dirs, lora_base
 from training.checkpoint.safe_load import safe_loading
 from training.hf.convert import ConvertError, copy_foreign, foreign_file, writing
 from training.hf.exporter import (
@@ -76,6 +76,8 @@ def export_lora(checkpoint: Path, out: Path, *, adapter: bool, family_name: str 
             "it moved): the merged model needs that folder's weights; export the adapter alone "
             "with --adapter"
         )
+    if origin is not None and not adapter:
+        _check_base(path, state, origin)
     model = _model_of(path, state)
     module = module_of(_family_for(model, origin, family_name))
     with safe_loading(path):
@@ -153,6 +155,22 @@ def _write_adapter(tmp: Path, factors: dict, peft: dict[str, Any], origin: Path 
     save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = _adapter_config(peft, factors, origin)
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _check_base(path: Path, state: dict[str, Any], origin: Path) -> None:
+    """ConvertError when the folder the merge adds the updates to is not the base the adapters
+    were trained on (training/checkpoint/lora_base.py: the run recorded each of its files' size
+    and SHA-256; a base changed in place would merge without a word). One streamed read of the
+    base, as a resume does. A run whose base was a Megatron checkpoint recorded that checkpoint,
+    not this folder: nothing here to compare."""
+    saved = state.get(lora_base.RECORD)
+    if not saved or Path(saved["folder"]) != origin.resolve():
+        return
+    now = lora_base.describe(origin, lora_base.base_files(origin), whole=True)
+    found = lora_base.problem(saved, origin, now, path)
+    if found is not None:
+        field, message = found
+        raise ConvertError(f"{field}: {message}")
 
 
 def _write_merged(

@@ -98,6 +98,24 @@ def test_lora_trains_adapters_only_and_exports_what_peft_computes(
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged_logits, theirs, rtol=1e-5, atol=1e-5)
 
+    # A base changed in place since the run (one weight rescaled: same names, shapes and size)
+    # would merge without a word: the export compares it with the run's record and refuses it.
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "hf" / "model.safetensors"
+    kept = weights.read_bytes()
+    tensors = load_file(str(weights))
+    name = next(n for n in sorted(tensors) if n.endswith("q_proj.weight"))
+    tensors[name] = tensors[name] * 2
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    assert weights.stat().st_size == len(kept)
+    assert main(["export", ckpt, str(tmp_path / "merged3")]) == 2
+    err = capsys.readouterr().err
+    assert "is not the base the LoRA adapters" in err and "model.safetensors" in err, err
+    assert not (tmp_path / "merged3").exists()
+    assert main(["export", ckpt, str(tmp_path / "adapter3"), "--adapter"]) == 0  # needs no base
+    weights.write_bytes(kept)
+
     # The merged export copies the origin's files: one that links to a private file is refused.
     secret = tmp_path / "secret.json"
     secret.write_text('{"token": "hf_SECRET"}')
