@@ -95,3 +95,4 @@ BETA = within(0, 1, high_open=True)
 EPSILON = within(1e-30, 1)
 NON_NEGATIVE = within(0)
 POSITIVE = within(0, low_open=True)
+INTERVAL = within(0, MAX_STEPS, note="0 means never")  # steps between events

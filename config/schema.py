@@ -27,6 +27,7 @@ from config.bounds import (
     DROPOUT,
     EPSILON,
     HEADS,
+    INTERVAL,
     LAYERS,
     MAX_HEADS,
     MAX_IMAGE,
@@ -334,7 +335,7 @@ class TrainConfig:
     seed: int = field(default=1234, metadata=SEED)
     # Every eval_interval steps, the mean loss over eval_iters global batches of the validation
     # split (the same batches each time, so the numbers compare) is logged as val_loss; 0: never.
-    eval_interval: int = field(default=0, metadata=within(0, MAX_STEPS, note="0: never"))
+    eval_interval: int = field(default=0, metadata=INTERVAL)
     eval_iters: int = field(default=10, metadata=STEPS)
     # "auto" picks CUDA when present; "cpu" runs the CPU smoke mode (gloo, no FP8).
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -431,7 +432,7 @@ class ResilienceConfig:
     # step minus its waits in the gradient sync and parameter all-gather) exceeds
     # straggler_factor x the median of the others of its pipeline stage. One slow GPU gates every
     # collective: the others wait for it.
-    straggler_interval: int = field(default=100, metadata=within(0, MAX_STEPS, note="0: never"))
+    straggler_interval: int = field(default=100, metadata=INTERVAL)
     # 1.5: well above the spread of healthy ranks, well below a throttled or failing GPU.
     straggler_factor: float = field(default=1.5, metadata=within(1, low_open=True))
     # Hang watchdog: a rank whose step makes no progress for max(hang_min_seconds,

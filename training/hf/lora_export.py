@@ -169,8 +169,10 @@ def _check_base(path: Path, state: dict[str, Any], origin: Path) -> None:
     now = lora_base.describe(origin, lora_base.base_files(origin), whole=True)
     found = lora_base.problem(saved, origin, now, path)
     if found is not None:
-        field, message = found
-        raise ConvertError(f"{field}: {message}")
+        raise ConvertError(
+            f"{found[1]}. The merged export adds the updates to {origin}, the folder the run "
+            "started from; restore it there, or export the adapters alone with --adapter"
+        )
 
 
 def _write_merged(
