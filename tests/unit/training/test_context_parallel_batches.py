@@ -59,10 +59,8 @@ def test_a_cp_group_reads_one_replica_and_splits_each_sequence_zigzag() -> None:
                 parallel_state.get_tensor_model_parallel_rank(),
                 parallel_state.get_pipeline_model_parallel_rank(),
             )
-            cp, cp_rank = (
-                parallel_state.get_context_parallel_world_size(),
-                (parallel_state.get_context_parallel_rank()),
-            )
+            cp = parallel_state.get_context_parallel_world_size()
+            cp_rank = parallel_state.get_context_parallel_rank()
             mine = on_this_cp_rank(full)
         assert cp == 2 and key[0] in (0, 1)
         chunk = SEQ // (2 * cp)  # rank r: chunks r and 2 x CP - 1 - r
