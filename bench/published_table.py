@@ -283,29 +283,21 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 
 
 def mb2509_settings(model: str, system: str, release: float) -> list[str]:
-    """What Megatron-Bridge 25.09 ran its MoE models with (r0.1.0 684a686165
-    scripts/performance/run_script.py): Qwen3 30B-A3B and 235B-A22B dropped tokens on every GPU,
-    DeepSeek-V3 on B200 and GB200 (apply_moe_token_drop: capacity 1.0, padded, on the alltoall
-    dispatcher, DeepEP off), there with its shared experts beside the alltoall; DeepSeek-V3 ran
-    DeepEP with the alltoall overlap (A2A_1F1B) on H100 only."""
-    if release != 25.09:
+    """What Megatron-Bridge 25.09 ran its MoE models with (r0.1.0 684a686165 scripts/performance/
+    run_script.py): Qwen3 dropped tokens on every GPU, DeepSeek-V3 on B200 and GB200
+    (apply_moe_token_drop: capacity 1.0, padded, on the alltoall dispatcher, DeepEP off), there
+    with its shared experts beside the alltoall, and ran DeepEP overlapped (A2A_1F1B) on H100."""
+    drop = ["model.moe_token_dispatcher_type=alltoall", "model.moe_expert_capacity_factor=1.0",
+            "model.moe_pad_expert_input_to_capacity=true"]  # fmt: skip
+    if release != 25.09 or not model.startswith(("Qwen3", "DeepSeek-V3")):
         return []
-    drop = [
-        "model.moe_token_dispatcher_type=alltoall",
-        "model.moe_expert_capacity_factor=1.0",
-        "model.moe_pad_expert_input_to_capacity=true",
-    ]
     if model.startswith("Qwen3"):
         return drop
-    if model != "DeepSeek-V3":
-        return []
     if system in ("B200", "GB200"):
-        shared = ["parallel.overlap_moe_expert_parallel_comm=false"]
-        return drop + shared + ["model.moe_shared_expert_overlap=true"]
-    return [
-        "model.moe_token_dispatcher_type=flex",
-        "parallel.overlap_moe_expert_parallel_comm=true",
-    ]
+        return [*drop, "parallel.overlap_moe_expert_parallel_comm=false",
+                "model.moe_shared_expert_overlap=true"]  # fmt: skip
+    return ["model.moe_token_dispatcher_type=flex",
+            "parallel.overlap_moe_expert_parallel_comm=true"]  # fmt: skip
 
 
 def loss_settings(model: str, software: str) -> list[str]:
@@ -449,9 +441,8 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 and row["software"].startswith("Megatron-Bridge")
                 and "dispatcher=" not in row["notes"]
             ):
-                # In the configuration the split hashes since it was first drawn (SEED): DeepEP,
-                # overlapped where the schedule allows it. What each release ran comes after, in
-                # its settings (mb2509_settings, MOE_SETTINGS), and wins.
+                # In the configuration the split hashes since it was drawn (SEED); what each
+                # release ran comes after, in its settings (mb2509_settings, MOE_SETTINGS).
                 overrides.append("model.moe_token_dispatcher_type=flex")
                 if vp or pp == 1:
                     overrides.append("parallel.overlap_moe_expert_parallel_comm=true")
