@@ -10,9 +10,10 @@ directory of the process that reads it; the folders come back with `~` expanded 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from config.tree import write_yaml
 
@@ -61,3 +62,13 @@ def write_run_config(cfg: TrainingConfig, run_dir: str | os.PathLike[str]) -> Pa
     """Write the resolved config into <run dir>/config.yaml, where the ranks read it from and
     `recipes runs` finds the run (atomically: a requeued job reads it back)."""
     return write_yaml(cfg, Path(run_dir) / CONFIG_FILE)
+
+
+def read_launch_record(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """<run dir>/launch.json (launchers/local.py write_record): how the run was launched, its
+    Slurm job ids, how it ended; {} where there is none or it cannot be read."""
+    try:
+        data = json.loads((Path(run_dir) / LAUNCH_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

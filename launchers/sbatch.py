@@ -17,7 +17,6 @@ under `bash -n` and by running the script with a sentinel command.
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -137,11 +136,7 @@ def queued(run_dir: Path, squeue: str = "squeue") -> list[str]:
     as "id (STATE)": each will start with the config.yaml it finds there, so another launch into
     the folder must not replace it. [] where there are none, where the run never went to Slurm,
     and where squeue cannot say (a machine without Slurm: nothing can be queued from there)."""
-    record = Path(run_dir) / paths.LAUNCH_RECORD
-    try:
-        ids = json.loads(record.read_text(encoding="utf-8")).get("job_ids") or []
-    except (OSError, ValueError, AttributeError):
-        return []
+    ids = paths.read_launch_record(run_dir).get("job_ids") or []
     held = []
     for job in ids:  # one at a time: squeue refuses a whole list when one id is already purged
         try:

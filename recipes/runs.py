@@ -57,14 +57,6 @@ def _held(folder: Path) -> bool:
     return False
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def summarize(run_dir: Path) -> dict[str, Any]:
     """One run: recipe, state, step, max_steps, last_loss, checkpoint, run_dir, launch record."""
     try:
@@ -76,7 +68,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     last = rows[-1] if rows else {}
     folder = paths.checkpoint_dir(ckpt.get("save_dir"), run_dir)  # where its ranks saved
     latest = dirs.latest_checkpoint(folder) if folder.is_dir() else None
-    launch = _read_json(run_dir / paths.LAUNCH_RECORD)
+    launch = paths.read_launch_record(run_dir)
     step, max_steps = last.get("step"), train.get("max_steps")
     state = _state(folder, launch, step, max_steps)
     return {
