@@ -20,21 +20,20 @@ import torch
 
 from tests.support import children
 from tests.support.full_disk import FULL_DISK
-from tests.unit.training.test_engine import one_rank, tiny, trainer_for  # noqa: F401 (a fixture)
+from tests.unit.training.test_engine import (  # noqa: F401 (one_rank: a fixture)
+    checkpointer_for,
+    one_rank,
+    tiny,
+    trainer_for,
+)
 from training.checkpoint import dirs
 
 
 def checkpointer(run_dir: Path, save_dir: Path, max_steps: int = 4) -> tuple[Any, Any]:
-    from training.checkpoint.store import Checkpointer
-
     cfg = tiny(run_dir, max_steps=max_steps)
     cfg.checkpoint.save_dir, cfg.checkpoint.save_interval = str(save_dir), 2
     trainer = trainer_for(cfg)
-    states = trainer.checkpoint_states()
-    ckpt = Checkpointer(
-        cfg, run_dir, "cpu", model=trainer.model, optimizer=trainer.optimizer, states=states
-    )
-    return trainer, ckpt
+    return trainer, checkpointer_for(trainer, run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -263,20 +262,11 @@ def test_a_crafted_checkpoint_runs_no_code(
     for folder in dirs.complete_checkpoints(load_dir):
         refused = craft(folder, marker)
         rewrite_manifest(folder)
-    from training.checkpoint.store import Checkpointer
-
     cfg = tiny(tmp_path / "run", max_steps=4)
     cfg.checkpoint.load_dir = str(load_dir)
     trainer = trainer_for(cfg)
     try:
-        ckpt = Checkpointer(
-            cfg,
-            tmp_path / "run",
-            "cpu",
-            model=trainer.model,
-            optimizer=trainer.optimizer,
-            states=trainer.checkpoint_states(),
-        )
+        ckpt = checkpointer_for(trainer, tmp_path / "run")
         with pytest.raises(RuntimeError, match="can be resumed from") as err:
             ckpt.resume()
     finally:

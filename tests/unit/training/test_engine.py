@@ -90,6 +90,21 @@ def trainer_for(cfg: TrainingConfig) -> Any:
     return Trainer(cfg, derive(cfg, ONE_CPU), "cpu", Path(cfg.logging.run_dir))
 
 
+def checkpointer_for(trainer: Any, run_dir: Path, cfg: TrainingConfig | None = None) -> Any:
+    """A Checkpointer in `run_dir` over the trainer's model, optimizer and states, for `cfg` (the
+    trainer's own unless a test resumes it under another)."""
+    from training.checkpoint.store import Checkpointer
+
+    return Checkpointer(
+        cfg or trainer.cfg,
+        run_dir,
+        "cpu",
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        states=trainer.checkpoint_states(),
+    )
+
+
 def train(cfg: TrainingConfig) -> None:
     """Train `cfg` to its max_steps in this process, and close the trainer however it ends."""
     trainer = trainer_for(cfg)
@@ -150,7 +165,6 @@ def test_checkpointer_resumes_exactly(
     bitwise, with dropout on too (its random masks continue the saved RNG streams), and in FP32
     (the distributed optimizer's main weights are the model's own there: until 2026-11-28 their
     load raised in autograd and the run reported no checkpoint it could resume from)."""
-    from training.checkpoint.store import Checkpointer
 
     def run(folder: Path, resume: bool) -> list[float]:
         cfg = tiny(folder, max_steps=8)
@@ -159,14 +173,7 @@ def test_checkpointer_resumes_exactly(
         cfg.model.hidden_dropout = cfg.model.attention_dropout = dropout
         cfg.checkpoint.save_dir, cfg.checkpoint.save_interval = str(tmp_path / "ckpt"), 2
         trainer = trainer_for(cfg)
-        ckpt = Checkpointer(
-            cfg,
-            folder,
-            "cpu",
-            model=trainer.model,
-            optimizer=trainer.optimizer,
-            states=trainer.checkpoint_states(),
-        )
+        ckpt = checkpointer_for(trainer, folder)
         assert (ckpt.resume() is not None) == resume
         if resume:  # the step after the checkpoint that was kept: iter 2, not the final iter 4
             assert trainer.step == 2 and trainer.batches.consumed_samples == 8

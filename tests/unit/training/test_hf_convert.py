@@ -17,7 +17,10 @@ from recipes.cli import main
 from tests.support.full_disk import FULL_DISK, fills_up
 from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
 from tests.unit.models.test_hf_llama import tiny_llama
-from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
+from tests.unit.training.test_engine import (  # noqa: F401 (one_rank: the module's process group)
+    checkpointer_for,
+    one_rank,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_rank")
@@ -75,8 +78,6 @@ def test_an_imported_checkpoint_starts_a_run_with_the_folders_logits(tmp_path: P
 def test_fine_tuned_from_a_folder_exported_and_loaded_by_transformers_with_lower_loss(
     tmp_path: Path,
 ) -> None:
-    from training.checkpoint.store import Checkpointer
-
     reference = tiny_llama(tmp_path / "hf")
     cfg = hf_config(tmp_path / "hf", tmp_path / "run")
     cfg.train.max_steps = 8
@@ -87,14 +88,7 @@ def test_fine_tuned_from_a_folder_exported_and_loaded_by_transformers_with_lower
         # The mock data's first batch: what the loss is measured on, before and after.
         tokens = trainer.batches.next_step()[0]["tokens"]
         trainer.batches.load_state_dict({"consumed_samples": 0})
-        checkpointer = Checkpointer(
-            cfg,
-            tmp_path / "run",
-            "cpu",
-            model=trainer.model,
-            optimizer=trainer.optimizer,
-            states=trainer.checkpoint_states(),
-        )
+        checkpointer = checkpointer_for(trainer, tmp_path / "run", cfg)
         trainer.train(hooks=[checkpointer])
         checkpointer.close()
     finally:

@@ -17,23 +17,13 @@ import torch
 
 from recipes.cli import main
 from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
-from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
+from tests.unit.training.test_engine import (  # noqa: F401 (one_rank: the module's process group)
+    checkpointer_for,
+    one_rank,
+)
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_rank")
-
-
-def checkpointer_for(trainer, run_dir: Path):  # noqa: ANN001, ANN201
-    from training.checkpoint.store import Checkpointer
-
-    return Checkpointer(
-        trainer.cfg,
-        run_dir,
-        "cpu",
-        model=trainer.model,
-        optimizer=trainer.optimizer,
-        states=trainer.checkpoint_states(),
-    )
 
 
 def make(family: str, folder: Path) -> torch.nn.Module:

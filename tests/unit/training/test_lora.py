@@ -22,8 +22,10 @@ from recipes.advice.check import check
 from recipes.cli import main
 from recipes.registry import resolve
 from tests.support.hf_oracle import engine_from_hf, gpt_logits, hf_config
-from tests.unit.training.test_engine import one_rank  # noqa: F401  (the module's one-rank process group)
-from tests.unit.training.test_hf_roundtrip import checkpointer_for
+from tests.unit.training.test_engine import (
+    checkpointer_for,
+    one_rank,  # noqa: F401  (the module's one-rank process group)
+)
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -18,6 +18,7 @@ from config.rules import derive
 from config.tree import apply_overrides
 from tests.unit.training.test_engine import (  # noqa: F401 (one_rank: the module's process group)
     ONE_CPU,
+    checkpointer_for,
     losses,
     one_rank,
     tiny,
@@ -32,7 +33,6 @@ def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(tmp_pa
     check and the ranks' resume (training/checkpoint/store.py) both refuse it, with the same message."""
     from config.tree import ConfigError
     from launchers.resume import check_resume
-    from training.checkpoint.store import Checkpointer
     from training.entry import pretrain
 
     saved = tiny(tmp_path, max_steps=2)  # saves at its end: iter_0000002
@@ -47,14 +47,7 @@ def test_a_layout_change_is_refused_alike_before_launch_and_on_every_rank(tmp_pa
         with pytest.raises(ConfigError) as before_launch:
             check_resume(cfg, tmp_path)
         trainer = trainer_for(tiny(tmp_path, max_steps=4))  # the weights' shapes: the saved run's
-        ckpt = Checkpointer(
-            cfg,
-            tmp_path,
-            "cpu",
-            model=trainer.model,
-            optimizer=trainer.optimizer,
-            states=trainer.checkpoint_states(),
-        )
+        ckpt = checkpointer_for(trainer, tmp_path, cfg)
         try:
             with pytest.raises(ConfigError) as on_the_ranks:
                 ckpt.resume()
