@@ -53,6 +53,26 @@ def full_attention_layers(m: ModelConfig) -> int:
     return m.num_layers // (m.linear_attention_freq or m.num_layers + 1)
 
 
+def attention_share(m: ModelConfig) -> float:
+    """The decoder's score and value work, on average per layer, over causal softmax attention
+    across the whole sequence in every layer. Gated DeltaNet layers have none that grows with the
+    sequence (every linear_attention_freq-th layer, from 1, keeps softmax attention). A windowed
+    layer (Megatron-Core's is_layer_window_attention: every layer unless its number is a multiple
+    of window_attn_skip_freq) lets each token see itself and the window_size tokens before it,
+    and flash attention's kernels skip the key blocks beyond that."""
+    s = m.seq_length
+    causal = (s + 1) / 2  # keys per query, on average, without a window
+    w = min(m.window_size + 1, s) if m.window_size is not None else s
+    windowed = (w * (w + 1) / 2 + (s - w) * w) / s / causal
+    freq, skip = m.linear_attention_freq, m.window_attn_skip_freq
+    total = 0.0
+    for number in range(1, m.num_layers + 1):
+        if m.experimental_attention_variant is not None and number % (freq or number + 1):
+            continue  # a Gated DeltaNet layer
+        total += windowed if m.window_size is not None and number % (skip or number + 1) else 1.0
+    return total / m.num_layers
+
+
 def gated_delta_net(m: ModelConfig) -> tuple[int, int]:
     """(matmul weights, the rest) of one Gated DeltaNet block, its input norm included: in_proj
     (q, k, v, the output gate z, beta and alpha per value head), out_proj; the causal

@@ -17,7 +17,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   output layer and attention stay in BF16. Blackwell has its own efficiencies (BF16, FP8, MXFP8,
   NVFP4, attention, experts, fused experts) and tile width, fitted on published runs
   (bench/data/published_perf.csv), Ultra a clock factor.
-- attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate.
+- attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate,
+  less what windowed layers skip and Gated DeltaNet layers lack (`layers.attention_share`).
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
   the loss likewise over its logits (`logit_bytes`: Megatron-Core's cross entropy or TE's).
@@ -188,7 +189,9 @@ def layer_costs(
     else:
         d_qk = d_v = layers.head_dim(m)
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
-    attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v)
+    attention = (
+        3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v) * layers.attention_share(m)
+    )
     attention /= (
         spec.bf16_tflops
         * 1e12
