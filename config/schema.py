@@ -11,12 +11,9 @@ unions (measured with nemo-run 0.11.1), and every recipe must stay a valid NeMo-
 same reason this module does not use `from __future__ import annotations`: NeMo-Run's parser needs
 real types, not strings.
 
-A string with a fixed set of values is a `Literal[...]` (NeMo-Run's parser checks those too); one
-whose values live in a registry carries `one_of` metadata. Every number carries `within` metadata:
-its valid range (both from config/bounds.py). `config.tree` refuses any other value at override
-time (with the closest valid choice, or the range), and the checker (config/rules/choices.py,
-config/rules/ranges.py) does the same for values a recipe set in Python. Both read the valid
-values from the fields here.
+A string with a fixed set of values is a `Literal[...]`, one from a registry carries `one_of`
+metadata, every number `within` metadata (config/bounds.py); `config.tree` (overrides) and the
+checker (config/rules/choices.py, ranges.py: values set in Python) read these to refuse others.
 """
 
 from dataclasses import dataclass, field
@@ -245,6 +242,9 @@ class ParallelConfig:
     # Megatron-Core's layout string ("Et*3|(tt|)*29,m|L"); derived evenly when None.
     pipeline_model_parallel_layout: Optional[str] = None
     context_parallel_size: int = field(default=1, metadata=RANKS)
+    # How CP ranks exchange attention inputs (Transformer Engine): p2p, a ring of keys and values
+    # hidden behind attention; a2a, heads for sequence (windows, sinks); all_gather, whole K and V.
+    cp_comm_type: Literal["p2p", "a2a", "all_gather"] = "p2p"
     sequence_parallel: bool = False
     expert_model_parallel_size: int = field(default=1, metadata=RANKS)
     # None means tensor_model_parallel_size

@@ -165,6 +165,7 @@ def transformer_config(
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         pipeline_model_parallel_layout=derived.pipeline_layout,
         context_parallel_size=par.context_parallel_size,
+        cp_comm_type=par.cp_comm_type,
         sequence_parallel=par.sequence_parallel,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=derived.expert_tensor_parallel_size,

@@ -46,13 +46,6 @@ def attention(m: ModelConfig) -> tuple[int, int]:
     return mm, other
 
 
-def full_attention_layers(m: ModelConfig) -> int:
-    """Decoder layers with softmax attention (whose cost grows with the sequence)."""
-    if m.experimental_attention_variant is None:
-        return m.num_layers
-    return m.num_layers // (m.linear_attention_freq or m.num_layers + 1)
-
-
 def attention_share(m: ModelConfig) -> float:
     """The decoder's score and value work, on average per layer, over causal softmax attention
     across the whole sequence in every layer. Gated DeltaNet layers have none that grows with the

@@ -259,7 +259,7 @@ def model_flops_per_token(cfg: TrainingConfig) -> float:
         6 x (matmul weights a token passes through: attention, dense MLP or router + top-k experts
              + shared expert, MTP layers and their 2h x h projection, and the output layer once
              for the main head and once per MTP layer; not the input embedding lookup, not norms)
-      + 3 x (L + MTP layers) x s x heads x (d_qk + d_v)
+      + 3 x (L x attention_share + MTP layers) x s x heads x (d_qk + d_v)
 
     The second term is the causal half of the 12 L h s attention FLOPs (QK^T and the value
     product, 2 FLOPs per multiply-add, x3 for forward and backward): 6 x L x h_attn x s when
@@ -288,9 +288,9 @@ def model_flops_per_token(cfg: TrainingConfig) -> float:
     # LoRA: frozen weights get no weight gradient, so 4 FLOPs per weight and token, not 6 (the
     # adapters' own, rank x width, are left out; attention's backward is whole either way).
     per_weight = 4.0 if cfg.peft.scheme == "lora" else 6.0
-    # Gated DeltaNet's cost is linear in the sequence (in its matmul weights and chunked state
-    # updates, left out here as norms are); only softmax layers add the quadratic term.
-    quadratic_layers = layers.full_attention_layers(m) + mtp
+    # Gated DeltaNet layers add no quadratic term, a windowed layer its window's keys only
+    # (layers.attention_share; Megatron-LM's formula counts all keys: MFUs above 100% at 128K).
+    quadratic_layers = m.num_layers * layers.attention_share(m) + mtp
     return per_weight * matmul + 3.0 * quadratic_layers * scores_and_values
 
 

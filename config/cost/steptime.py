@@ -23,7 +23,9 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
   the loss likewise over its logits (`logit_bytes`: Megatron-Core's cross entropy or TE's).
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
-- cp: the ring exchange of keys and values (and gradients) across CP, less what attention hides.
+- cp: parallel.cp_comm_type's exchange across CP: the ring of keys and values (and gradients),
+  less what attention hides; the alltoalls of Q, K, V and the output (a2a: attention then runs on
+  whole sequences); the all-gather of K and V (all_gather). Neither of the two hides.
 - ep: the MoE token alltoall (dispatch and combine, forward and backward) in BF16; the part that
   leaves the NVLink domain goes at network speed. The alltoall dispatcher sends each of a token's
   top-k copies; the flex one (DeepEP, HybridEP) sends it once to each other domain and each other
@@ -196,12 +198,19 @@ def layer_costs(
         spec.bf16_tflops
         * 1e12
         * k[constant("attention", spec)]
-        / (1 + k["attention_half_len"] * c / s)
+        / (1 + k["attention_half_len"] * (c if par.cp_comm_type != "a2a" else 1) / s)
     )
     tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
-    # The CP ring: each step a send to the next peer only (one pair link in a mesh).
-    cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) if c > 1 else 0.0
-    cp = max(0.0, cp - attention)
+    cp = 0.0
+    if c > 1 and par.cp_comm_type == "a2a":  # heads for sequence: an alltoall among the CP
+        # ranks of Q, K, V and the output forward, of their gradients backward; nothing hides it
+        width = m.num_attention_heads * (d_qk + d_v) / t + kv_width
+        cp = 2 * tokens * width * 2 * (c - 1) / c / link(t * c, c)
+    elif c > 1 and par.cp_comm_type == "all_gather":  # whole K and V gathered forward and
+        # again backward, their gradients reduce-scattered: before the attention, not behind it
+        cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, c)
+    elif c > 1:  # the ring: each step a send to the next peer (one pair link), behind attention
+        cp = max(0.0, 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) - attention)
 
     def memory(is_moe: bool) -> float:
         outside, inside = layers.layer_activations(m, is_moe, lin)

@@ -37,6 +37,7 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
             )
         )
     out += _recompute(model) + _mla_query_norm(cfg, cluster) + _local_layers(cfg)
+    out += _cp_exchange(cfg)
     out += _offloading(cfg, cluster) + _loss_fusion(cfg, cluster)
     delayed = d.preset is not None and d.preset.fp8_recipe == "delayed"
     discarded = {"moe_act", "layernorm"} & set(selective_modules(model))
@@ -52,6 +53,65 @@ def model(cfg: TrainingConfig, cluster: Cluster, d: Partial) -> list[Problem]:
     return out
 
 
+CP_EXCHANGES = ("p2p", "a2a", "all_gather")  # parallel.cp_comm_type, the planner's preference
+
+
+def cp_exchange_obstacles(m: ModelConfig, tp: int, cp: int, kind: str) -> list[str]:
+    """Why Transformer Engine's context parallelism cannot run the model with the exchange `kind`
+    (parallel.cp_comm_type) at TP `tp` and CP `cp`, as it asserts in the first forward step (TE's
+    attention/dot_product_attention/context_parallel.py, `attn_forward_func_with_cp` and
+    `AttnFuncWithCPAndQKVOA2A`, at NVIDIA/TransformerEngine d0067d0da):
+
+    - a sliding window only with a2a or all_gather ("Context parallelism does not support sliding
+      window attention with cp_comm_type='p2p'");
+    - sinks (model.softmax_type other than vanilla: GPT-OSS) only with a2a;
+    - a2a trades each rank's share of the sequence for a share of the heads: a TP rank's query
+      heads and key-value heads both divide by CP ("requires num_heads % cp_size == 0")."""
+    if cp == 1:
+        return []
+    out = []
+    if m.window_size is not None and kind == "p2p":
+        out.append(
+            f"sliding-window layers (model.window_size={m.window_size}) run on a2a or all_gather "
+            "only: the ring of keys and values cannot run a window"
+        )
+    if m.softmax_type != "vanilla" and kind != "a2a":
+        out.append(f"model.softmax_type='{m.softmax_type}' (attention sinks) runs on a2a only")
+    heads = m.num_attention_heads
+    groups = heads if m.multi_latent_attention else m.num_query_groups or heads
+    if kind == "a2a" and (heads // tp % cp or groups // tp % cp):
+        out.append(
+            f"a2a needs CP {cp} to divide each tensor-parallel rank's query heads ({heads} / TP "
+            f"{tp}) and key-value heads ({groups} / TP {tp})"
+        )
+    return out
+
+
+def cp_exchanges(m: ModelConfig, tp: int, cp: int) -> list[str]:
+    """The exchanges Transformer Engine runs the model with at this TP and CP, preferred first."""
+    return [kind for kind in CP_EXCHANGES if not cp_exchange_obstacles(m, tp, cp, kind)]
+
+
+def _cp_exchange(cfg: TrainingConfig) -> list[Problem]:
+    par = cfg.parallel
+    tp, cp, kind = par.tensor_model_parallel_size, par.context_parallel_size, par.cp_comm_type
+    why = cp_exchange_obstacles(cfg.model, tp, cp, kind)
+    if not why:
+        return []
+    others = [k for k in cp_exchanges(cfg.model, tp, cp) if k != kind]
+    fix = (
+        f"use parallel.cp_comm_type={others[0]}"
+        if others
+        else "use a CP that divides the heads, or parallel.context_parallel_size=1"
+    )
+    return [
+        Problem(
+            "parallel.cp_comm_type",
+            f"is '{kind}' at parallel.context_parallel_size={cp}: {'; '.join(why)}; {fix}",
+        )
+    ]
+
+
 def _local_layers(cfg: TrainingConfig) -> list[Problem]:
     """Sliding-window (local) layers and what models/gemma_layers.py adds to Megatron-Core's
     layers (Gemma 3): the settings Megatron-Core would ignore, and what the layers cannot run.
@@ -59,34 +119,20 @@ def _local_layers(cfg: TrainingConfig) -> list[Problem]:
     - Megatron-Core makes a layer local only when window_size is set (is_layer_window_attention);
       the local layers' RoPE base would be ignored without it (window_attn_skip_freq too:
       `_attention` names that).
-    - Transformer Engine's context parallelism runs a sliding window only with its a2a or
-      all_gather exchange; Megatron-Core hands it p2p (its default cp_comm_type, which nothing
-      here changes), and TE asserts in the first forward step ("The context parallel running
-      configs cannot support sliding window attention"). The SDPA core attention has no CP.
+    - Context parallelism with windows: `_cp_exchange`.
     - The post norms sit on a dense MLP (models/specs.py `gemma_layers`), and both they and the
       local RoPE subclass SelfAttention, not multi-latent attention.
     """
-    m, par = cfg.model, cfg.parallel
+    m = cfg.model
     out: list[Problem] = []
-    if m.window_size is None:  # window_attn_skip_freq alone: `_attention`
-        if m.rotary_base_local is not None:
-            out.append(
-                Problem(
-                    "model.rotary_base_local",
-                    f"is {m.rotary_base_local} but model.window_size is unset: without a window "
-                    "no layer is local, and Megatron-Core would ignore it; set "
-                    "model.window_size (Gemma 3: 1023) or model.rotary_base_local=None",
-                )
-            )
-    elif par.context_parallel_size > 1:
+    # (window_attn_skip_freq without a window: `_attention`)
+    if m.window_size is None and m.rotary_base_local is not None:
         out.append(
             Problem(
-                "parallel.context_parallel_size",
-                f"is {par.context_parallel_size} with sliding-window layers "
-                f"(model.window_size={m.window_size}): Transformer Engine's context parallelism "
-                "(Megatron-Core's p2p exchange) cannot run a sliding window; use "
-                "parallel.context_parallel_size=1 (tensor parallelism with "
-                "parallel.sequence_parallel=true splits long sequences too)",
+                "model.rotary_base_local",
+                f"is {m.rotary_base_local} but model.window_size is unset: without a window "
+                "no layer is local, and Megatron-Core would ignore it; set "
+                "model.window_size (Gemma 3: 1023) or model.rotary_base_local=None",
             )
         )
     if m.rotary_base_local is not None and m.position_embedding_type != "rope":

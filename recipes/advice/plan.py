@@ -68,12 +68,14 @@ from config.finalize import (
 from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
-from config.rules.moe_overlap import layout_obstacles
 from config.schema import TrainingConfig
 from recipes.advice.space import (
+    NO_PINS,
     PAR,
     RECOMPUTE_KEYS,
+    Pins,
     Shape,
+    apply,
     offload_choices,
     recompute_choices,
     shapes,
@@ -94,9 +96,11 @@ LAYOUT_FIELDS = (
     "optimizer.use_distributed_optimizer",
     PAR + "use_megatron_fsdp",
     PAR + "overlap_moe_expert_parallel_comm",
+    PAR + "cp_comm_type",
 )
 FSDP = PAR + "use_megatron_fsdp"
 A2A = PAR + "overlap_moe_expert_parallel_comm"
+EXCHANGE = PAR + "cp_comm_type"
 MICRO_BATCHES = (1, 2, 4)  # 8 and more: seldom faster at 4k+ tokens, always more memory
 
 
@@ -139,34 +143,6 @@ class Plan:
             "terms_s": {term: round(value, 4) for term, value in self.step.terms.items()},
             "ties": [t.to_json() for t in self.ties],
         }
-
-
-def _apply(
-    work: TrainingConfig,
-    shape: Shape,
-    mbs: int,
-    recompute: tuple,
-    sp: bool | None = None,
-    fsdp: bool = False,
-    a2a: tuple[bool, bool] = (False, False),
-) -> None:
-    """Set `work` to a candidate; sequence parallel with TP > 1 unless pinned (`sp`); the MoE
-    alltoall overlap `a2a` = (wanted, pinned): as pinned, else wherever Megatron-Core runs it."""
-    par, m = work.parallel, work.model
-    par.use_megatron_fsdp = fsdp
-    par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
-    par.pipeline_model_parallel_size = shape.pp
-    par.virtual_pipeline_model_parallel_size = shape.vpp
-    par.pipeline_model_parallel_layout = shape.layout
-    par.expert_model_parallel_size, par.expert_tensor_parallel_size = shape.ep, shape.etp
-    par.sequence_parallel = shape.tp > 1 if sp is None else sp and shape.tp > 1
-    work.train.micro_batch_size = mbs
-    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute[:3]
-    m.recompute_modules, m.cpu_offloading_num_layers = recompute[3:]
-    overlap, pinned_a2a = a2a
-    if overlap and not pinned_a2a:
-        overlap = not layout_obstacles(m, shape.ep, shape.pp, shape.vpp or 1)
-    par.overlap_moe_expert_parallel_comm = overlap
 
 
 def overrides(work: TrainingConfig) -> list[str]:
@@ -258,8 +234,8 @@ def plan(
     counts: dict[int, ParamCount] = {}
 
     def costs(derived: Derived) -> LayerCosts:
-        """`work`'s layer costs, which only its TP, CP, EP, ETP, micro batch size and MoE
-        alltoall overlap set."""
+        """`work`'s layer costs, which only its TP, CP, EP, ETP, micro batch size, MoE alltoall
+        overlap and CP exchange set."""
         par = work.parallel
         key = (
             par.tensor_model_parallel_size,
@@ -268,6 +244,7 @@ def plan(
             par.expert_tensor_parallel_size,
             work.train.micro_batch_size,
             par.overlap_moe_expert_parallel_comm,
+            par.cp_comm_type,
         )
         if key not in costs_cache:
             if key[0] not in counts:  # the vocabulary pads to a multiple of TP
@@ -275,19 +252,22 @@ def plan(
             costs_cache[key] = layer_costs(work, cluster, derived, count=counts[key[0]])
         return costs_cache[key]
 
-    sp = pinned.get(PAR + "sequence_parallel")  # None: on wherever TP > 1
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = memory_limit_gib(cluster.spec.memory_gib, margin)
     fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
-    a2a = (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned)
+    pins = Pins(
+        pinned.get(PAR + "sequence_parallel"),
+        (cfg.parallel.overlap_moe_expert_parallel_comm, A2A in pinned),
+        pinned.get(EXCHANGE),
+    )
     # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
     transformer_engine = te_layers(cfg, cluster)
     for shape in shapes(cfg, cluster, pinned, inside):
         recompute = recompute_choices(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
-            _apply(work, shape, mbs, recompute, sp, shardings[0], a2a)
+            apply(work, shape, mbs, recompute, pins, shardings[0])
             derived, loads = fast(shape, mbs, recompute)
             if derived is None:
                 continue
@@ -312,7 +292,7 @@ def plan(
         ):
             beat = min(kth, found[group].step.seconds if group in found else kth)
             fitting = _fitting(
-                work, cluster, shape, mbs, savers, margin, sp, fsdp, a2a, savers is offloads
+                work, cluster, shape, mbs, savers, margin, pins, fsdp, savers is offloads
             )
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
@@ -341,14 +321,14 @@ def plan(
                 continue
             recomputes = recompute_choices(cfg, shape, pinned)
             fsdp = _shardings(shape, pinned, fsdp_runs)[0]
-            _apply(work, shape, mbs, recomputes[0], sp, fsdp, a2a)
+            apply(work, shape, mbs, recomputes[0], pins, fsdp)
             derived, loads = fast(shape, mbs, recomputes[0])
             if derived is None or not _beats(
                 _spread(work, cluster, derived, costs(derived), loads), lo, hi
             ):
                 continue  # not even without recompute
             for derived, memory in _fitting(
-                work, cluster, shape, mbs, recomputes, margin, sp, fsdp, a2a
+                work, cluster, shape, mbs, recomputes, margin, pins, fsdp
             ):
                 if not _beats(_spread(work, cluster, derived, costs(derived)), lo, hi):
                     break  # more recompute is only slower
@@ -416,9 +396,8 @@ def _fitting(
     mbs: int,
     recomputes: list[tuple],
     margin: float,
-    sp: bool | None = None,
+    pins: Pins = NO_PINS,
     fsdp: bool = False,
-    a2a: tuple[bool, bool] = (False, False),
     ordered: bool = False,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
@@ -430,7 +409,7 @@ def _fitting(
     found by bisection."""
 
     def fitting(index: int) -> tuple[Derived, MemoryEstimate] | None:
-        _apply(work, shape, mbs, recomputes[index], sp, fsdp, a2a)
+        apply(work, shape, mbs, recomputes[index], pins, fsdp)
         derived = complete(finalize(work, cluster))
         if derived is None:
             return None

@@ -11,6 +11,8 @@ from typing import cast
 
 from config import layout as layouts
 from config.hardware import Cluster
+from config.rules.model import cp_exchanges
+from config.rules.moe_overlap import layout_obstacles
 from config.rules.topology import group_block
 from config.schema import TrainingConfig
 
@@ -43,6 +45,48 @@ class Shape:
         if self.ep > 1 or self.etp is not None:
             parts += [f"EP {self.ep}", f"ETP {self.etp or self.tp}"]
         return "  ".join(parts) + ("  uneven" if self.layout else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Pins:
+    """What the command line fixed of the fields `apply` otherwise sets for each layout."""
+
+    sp: bool | None = None  # sequence parallel; None: on wherever TP > 1
+    a2a: tuple[bool, bool] = (False, False)  # the MoE alltoall overlap: (wanted, pinned)
+    exchange: str | None = None  # parallel.cp_comm_type; None: the first the model runs with
+
+
+NO_PINS = Pins()
+
+
+def apply(
+    work: TrainingConfig,
+    shape: Shape,
+    mbs: int,
+    recompute: tuple,
+    pins: Pins = NO_PINS,
+    fsdp: bool = False,
+) -> None:
+    """Set `work` to a candidate: sequence parallel with TP > 1, the MoE alltoall overlap wherever
+    Megatron-Core runs it (if wanted), the first CP exchange Transformer Engine runs the model
+    with (config/rules/model.py `cp_exchanges`: the ring where it can), each unless pinned."""
+    par, m = work.parallel, work.model
+    par.use_megatron_fsdp = fsdp
+    par.tensor_model_parallel_size, par.context_parallel_size = shape.tp, shape.cp
+    par.pipeline_model_parallel_size = shape.pp
+    par.virtual_pipeline_model_parallel_size = shape.vpp
+    par.pipeline_model_parallel_layout = shape.layout
+    par.expert_model_parallel_size, par.expert_tensor_parallel_size = shape.ep, shape.etp
+    par.sequence_parallel = shape.tp > 1 if pins.sp is None else pins.sp and shape.tp > 1
+    work.train.micro_batch_size = mbs
+    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = recompute[:3]
+    m.recompute_modules, m.cpu_offloading_num_layers = recompute[3:]
+    overlap, pinned_a2a = pins.a2a
+    if overlap and not pinned_a2a:
+        overlap = not layout_obstacles(m, shape.ep, shape.pp, shape.vpp or 1)
+    par.overlap_moe_expert_parallel_comm = overlap
+    runs = cp_exchanges(m, shape.tp, shape.cp) or ["p2p"]  # none: the checker names why
+    par.cp_comm_type = pins.exchange or runs[0]  # type: ignore[assignment]
 
 
 def _powers(limit: int) -> list[int]:

@@ -80,15 +80,21 @@ def test_sequence_parallel_matches_plain_tensor_parallel(runs: Runs) -> None:
 
 
 @needs_te
-def test_context_parallel_matches_one_gpu(runs: Runs) -> None:
+@pytest.mark.parametrize("exchange", ["p2p", "a2a", "all_gather"])
+def test_context_parallel_matches_one_gpu(runs: Runs, exchange: str) -> None:
     """CP 2 computes one replica's samples as one GPU does, each rank its zigzag half of every
-    sequence (models/gpt.py on_this_cp_rank), keys and values passed around the ring: the same
-    losses. (Until 2026-11-28 the CP ranks read other samples and attended over whole sequences,
-    and this test only asked that the loss fell.)"""
+    sequence (models/gpt.py on_this_cp_rank), with each of Transformer Engine's exchanges
+    (parallel.cp_comm_type: keys and values passed around the ring, heads traded for the sequence,
+    keys and values gathered): the same losses. (Until 2026-11-28 the CP ranks read other samples
+    and attended over whole sequences, and this test only asked that the loss fell.)"""
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
     one = runs.metrics("gpu_bf16", 1, CUDA)
-    cp = runs.metrics("gpu_cp2", 2, [*CUDA, "parallel.context_parallel_size=2"])
+    cp = runs.metrics(
+        f"gpu_cp2_{exchange}",
+        2,
+        [*CUDA, "parallel.context_parallel_size=2", f"parallel.cp_comm_type={exchange}"],
+    )
     assert_learns(cp)
     for a, b in zip(one[:5], cp[:5], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=0.05)

@@ -3,9 +3,7 @@ Megatron-Core's own constructors (tests/support/megatron_build.py: every pipelin
 torch's fake process group and the meta device, as the engine builds it).
 
 Where Megatron-Core builds what the checker refuses, STRICTER says why: a setting it would ignore
-without a word. Sliding windows under context parallelism are refused by Transformer Engine in the
-first forward step, which this machine (no TE; the CPU build's SDPA core attention has no CP at
-all) cannot reach: that rule is held to TE's source instead (test_sliding_windows_refuse_cp).
+without a word. Sliding windows under context parallelism: tests/unit/config/test_cp_comm_type.py.
 """
 
 from __future__ import annotations
@@ -119,22 +117,3 @@ def test_each_layer_is_local_or_global_by_its_global_number(pp: int) -> None:
             assert attention.post_layernorm is not None and layer.mlp.post_layernorm is not None
     local = ((127, 0), 10000)  # SdpaAttention.window: Megatron-Core's (left, right)
     assert seen == {1: local, 2: local, 3: (None, None), 4: local, 5: local, 6: (None, None)}
-
-
-@pytest.mark.parametrize("cp", [1, 2])
-@pytest.mark.parametrize("window", [None, 127])
-def test_sliding_windows_refuse_cp(cp: int, window: int | None) -> None:
-    """Transformer Engine 2.x, attention/dot_product_attention/context_parallel.py
-    `attn_forward_func_with_cp`: `assert not sliding_window_attn or cp_comm_type in ["a2a",
-    "all_gather"], "The context parallel running configs cannot support sliding window
-    attetnion!"`, where a window other than (-1, 0) / (-1, -1) is sliding; Megatron-Core's
-    TEDotProductAttention hands it cp_comm_type "p2p" when TransformerConfig.cp_comm_type is unset,
-    as models/gpt.py leaves it."""
-    cfg = gemma(
-        f"parallel.context_parallel_size={cp}",
-        f"model.window_size={window}",
-        "model.window_attn_skip_freq=None" if window is None else "model.window_attn_skip_freq=3",
-        "model.rotary_base_local=None" if window is None else "model.rotary_base_local=10000",
-    )
-    fields = [p.split(":")[0] for p in problems(cfg)]
-    assert fields == (["parallel.context_parallel_size"] if cp > 1 and window else [])

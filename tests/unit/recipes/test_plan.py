@@ -24,14 +24,13 @@ from recipes.advice.check import check
 from recipes.advice.plan import (
     MEMORY_MARGIN,
     MICRO_BATCHES,
-    _apply,
     _FastDerived,
     _fsdp_runs,
     _shardings,
     pinned,
     plan,
 )
-from recipes.advice.space import offload_choices, recompute_choices, shapes
+from recipes.advice.space import apply, offload_choices, recompute_choices, shapes
 from recipes.cli import main
 from recipes.registry import resolve
 
@@ -83,7 +82,7 @@ def _exhaustive(recipe: str, cluster: Cluster, top: int) -> list[tuple]:
             MICRO_BATCHES, savers, _shardings(shape, {}, fsdp_runs)
         ):
             trial = copy.deepcopy(cfg)
-            _apply(trial, shape, mbs, recompute, fsdp=fsdp)
+            apply(trial, shape, mbs, recompute, fsdp=fsdp)
             report = check(trial, cluster, suggest_fixes=False)
             if not report.valid or not report.fits:
                 continue
@@ -147,7 +146,7 @@ def test_ties_are_the_pipeline_splits_an_exhaustive_search_finds_as_fast() -> No
             continue
         for mbs, recompute in itertools.product(MICRO_BATCHES, recompute_choices(cfg, shape, {})):
             trial = copy.deepcopy(cfg)
-            _apply(trial, shape, mbs, recompute)
+            apply(trial, shape, mbs, recompute)
             report = check(trial, H100, suggest_fixes=False)
             if report.valid and report.memory.total_gib <= limit:
                 at_lo, at_hi = ends(trial)
@@ -210,7 +209,7 @@ def test_the_planner_prices_each_candidate_with_finalizes_values(
     for shape in shapes(cfg, cluster, pins):
         recompute = recompute_choices(cfg, shape, pins)[0]
         for mbs in MICRO_BATCHES:
-            _apply(work, shape, mbs, recompute)
+            apply(work, shape, mbs, recompute)
             derived, _ = fast(shape, mbs, recompute)
             assert derived == complete(finalize(work, cluster)), (shape, mbs)
             priced, unpriced = priced + (derived is not None), unpriced + (derived is None)
