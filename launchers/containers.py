@@ -63,9 +63,18 @@ def container_wrap(p: Profile, device: str, edf_path: str, env_names: list[str])
     return []
 
 
-def edf_text_of(p: Profile) -> str:
+def edf_text_of(p: Profile, env_names: list[str]) -> str:
     """The environment definition of a profile: the image, the mounts, the working directory, a
-    writable container (caches that libraries write beside themselves) and its annotations."""
+    writable container (caches that libraries write beside themselves), its annotations, and the
+    job's variables `env_names` in its [env] table.
+
+    The Container Engine lets the image's ENV lines win over the variables a container inherits
+    from the job, and its [env] table win over both (docs.cscs.ch, container-engine/edf.md at
+    eth-cscs/cscs-docs 80abed1: "Environment Variable Resolution Order"; pyxis's --container-env
+    does the same for the `slurm` executor). Each name goes there as a reference to the job's
+    value, `${NAME:-}`, which the page says resolves from the host (it also says the image wins in
+    such references: then this is what inheritance gave). Values never: secrets stay out of files;
+    one the job leaves unset is unset in the container (an empty value unsets)."""
 
     def s(value: str) -> str:  # a TOML basic string (JSON's escapes are TOML's; no control chars)
         return json.dumps(value, ensure_ascii=False)
@@ -78,4 +87,6 @@ def edf_text_of(p: Profile) -> str:
     lines.append("writable = true")
     if p.annotations:
         lines += ["", "[annotations]"] + [f"{s(k)} = {s(v)}" for k, v in p.annotations.items()]
+    if env_names:
+        lines += ["", "[env]"] + [f"{s(name)} = {s('${' + name + ':-}')}" for name in env_names]
     return "\n".join(lines) + "\n"

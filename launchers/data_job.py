@@ -77,6 +77,7 @@ def write(job: ArrayJob) -> Path:
     path = Path(job.script_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if job.profile.executor == "slurm-edf":
-        Path(f"{job.job_dir}/{job.name}.edf.toml").write_text(edf_text_of(job.profile))
+        edf = edf_text_of(job.profile, list(job.profile.env))
+        Path(f"{job.job_dir}/{job.name}.edf.toml").write_text(edf)
     path.write_text(render(job), encoding="utf-8")
     return path

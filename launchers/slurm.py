@@ -338,7 +338,7 @@ def srun_command(job: SlurmJob) -> list[Arg]:
 
 def edf_text(job: SlurmJob) -> str:
     """The Container Engine's environment definition (TOML) for a slurm-edf job."""
-    return edf_text_of(job.profile)
+    return edf_text_of(job.profile, job.env.names)
 
 
 def nemo_slurm_executor(

@@ -279,7 +279,19 @@ def test_alps_job_starts_its_container_from_an_edf_written_beside_the_script(
     assert edf_text(job) == Path(job.edf_path).read_text(encoding="utf-8")
     srun, env = run_job(script.read_text(encoding="utf-8"), tmp_path)
     assert f"--environment={job.edf_path}" in srun
-    assert env["NCCL_NET"] == "AWS Libfabric"  # the site's fabric settings reach the ranks
+    assert env["NCCL_NET"] == "AWS Libfabric"  # the site's fabric settings reach srun
+    # ... and the container, whose image may set them too: the Container Engine's documented
+    # order (docs.cscs.ch container-engine/edf.md) puts the image's ENV over the job's and the
+    # EDF's [env] over both, ${NAME:-} read from the job's (here: srun's) environment.
+    assert set(edf["env"]) == set(job.env.names) and "NCCL_NET" in edf["env"]
+    image = {"NCCL_NET": "Socket", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    own = {
+        k: re.sub(r"\$\{(\w+):-\}", lambda m: env.get(m[1], ""), v) for k, v in edf["env"].items()
+    }
+    container = {k: v for k, v in {**env, **image, **own}.items() if v != ""}
+    assert container["NCCL_NET"] == "AWS Libfabric"
+    assert container.get("CUDA_DEVICE_MAX_CONNECTIONS") == env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    assert all(v == f"${{{k}:-}}" for k, v in edf["env"].items())  # names, never values
 
 
 # --- what a profile may not say -----------------------------------------------------------------
