@@ -1,7 +1,7 @@
 """The planner's search space: every parallel layout of a model on a cluster (TP, CP, PP with its
 virtual stages and pipeline layout, EP, ETP), and the recompute choices of each, from the
-cheapest to the most memory-saving, and at PP 1 the CPU activation offloading ones.
-recipes/advice/plan.py prices them."""
+cheapest to the most memory-saving, and at PP 1 the CPU activation offloading ones; `apply` sets
+a config to one of them. recipes/advice/plan.py prices them."""
 
 from __future__ import annotations
 
