@@ -294,15 +294,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError([("--top", f"is {args.top}; ask for at least one plan, e.g. --top 5")])
     margin = _margin(args)
-    plans, priced = plan(
-        cfg, cluster, top=args.top, pinned=pinned(cfg, args.overrides), margin=margin
-    )
-    if not plans:  # a problem no layout can fix (precision, model, data) is the checker's to name
+    pins = pinned(cfg, args.overrides)
+    plans, priced = plan(cfg, cluster, top=args.top, pinned=pins, margin=margin)
+    if not plans:  # a problem no layout can fix (precision, model, data, a field the command
+        # line pinned) is the checker's to name
         report = check(cfg, cluster, suggest_fixes=False, margin=margin)
         report.problems = [
             p
             for p in report.problems
-            if not p.field.startswith("parallel.") and p.field not in LAYOUT_FIELDS
+            if p.field in pins
+            or (not p.field.startswith("parallel.") and p.field not in LAYOUT_FIELDS)
         ]
         if report.problems:
             print(json.dumps(report.to_json(), indent=2) if args.json else render(report))

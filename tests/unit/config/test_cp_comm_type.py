@@ -127,3 +127,16 @@ def test_the_planner_runs_windowed_models_on_an_exchange_that_runs_them() -> Non
         for p in plans:
             assert p.field("parallel.cp_comm_type") == wanted
             assert validate(apply_overrides(_cfg("p2p", 2, *extra), p.overrides), H100x8) == []
+
+
+def test_plan_names_a_pinned_exchange_that_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """With the exchange pinned to one TE cannot run the model with, no layout passes: `recipes
+    plan` names the pinned field and its fix, not a lack of memory."""
+    from recipes.advice.check import EXIT_INVALID
+    from recipes.cli import main
+
+    pins = ["parallel.context_parallel_size=2", "parallel.cp_comm_type=p2p"]
+    assert main(["plan", "gemma3_12b_sft", *pins]) == EXIT_INVALID
+    out = capsys.readouterr().out
+    assert "parallel.cp_comm_type: is 'p2p'" in out and "use parallel.cp_comm_type=a2a" in out
+    assert "no layout fits" not in out
