@@ -5,10 +5,10 @@ layout, precision, batch and sequence as overrides, on the row's GPUs.
 The table (one row per published figure, its source and commit in `source`) holds every public
 NVIDIA figure a session could find: Megatron-Bridge's performance summaries 25.09-26.08 and their
 archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07.
-`newest()` keeps one row per configuration (its newest release); `split()` divides them by a
-hash with a fixed seed into a calibration part and a held-out part (a third): identical
-configurations fall on the same side, so no held-out layout was seen in calibration, and rows
-added later move no configuration from one side to the other.
+Columns printed wrong are read as run (bench/published_corrections.py). `newest()` keeps one row
+per configuration (its newest release); `split()` divides them by a hash with a fixed seed into a
+calibration part and a held-out part (a third): identical configurations fall on the same side,
+so no held-out layout was seen in calibration, and rows added later move none across.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.published_corrections import corrected
 
 TABLE = Path(__file__).resolve().parent / "data" / "published_perf.csv"
 SEED = 29  # the split's; never changed after the first fit
@@ -338,10 +340,8 @@ def _notes_overrides(notes: str) -> list[str]:
     m = re.search(r"recompute_modules=\[([^\]]*)\]", notes)
     modules = [x.strip(" '\"") for x in m.group(1).split(",") if x.strip()] if m else []
     if modules:
-        out += [
-            "model.recompute_granularity=selective",
-            f"model.recompute_modules={','.join(modules)}",
-        ]
+        out.append("model.recompute_granularity=selective")
+        out.append(f"model.recompute_modules={','.join(modules)}")
     if "dispatcher='flex'" in notes:
         out.append("model.moe_token_dispatcher_type=flex")
         backend = "hybridep" if "hybridep" in notes.lower() else "deepep"
@@ -402,7 +402,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
     """(the priced runs, [(row, why not priced)])."""
     runs, skipped = [], []
     with path.open(newline="") as f:
-        for row in csv.DictReader(f):
+        for row in map(corrected, csv.DictReader(f)):  # as run, where printed wrong
             why = why_unpriced(row)
             if why:
                 skipped.append((row, why))

@@ -113,18 +113,15 @@ RUNS = [
         ["train.global_batch_size=128"],
     ),
     PublishedRun(
-        "Qwen3 30B-A3B FP8, 16 GPUs, PP2 VP12 EP8",
+        "Qwen3 30B-A3B FP8, 16 GPUs, 26.02.01",
+        # Printed there as PP2 VP12 EP8, 26.02's layout; its recipe ran EP16 without a pipeline
+        # (bench/published_corrections.py). Fitted on as PP2 VP12 EP8 until 2026-11-29.
         "Megatron-Bridge performance summary 26.02.01",
         "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs",
         16,
         9_058,
-        (1, 2, 12, 1, 8, 1),
-        [
-            "parallel.pipeline_model_parallel_size=2",
-            "parallel.virtual_pipeline_model_parallel_size=12",
-            "parallel.expert_model_parallel_size=8",
-            "model.moe_token_dispatcher_type=flex",
-        ],
+        (1, 1, None, 1, 16, 1),
+        ["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"],
     ),
     PublishedRun(
         "DeepSeek-V3 BF16, 1024 GPUs, PP16 EP64",

@@ -37,9 +37,10 @@ KNOWN_MISSES = {
         "dispatcher was priced sending a token once to each GPU of its node that holds one of its "
         "experts (DeepEP's dispatch layout), not once per expert: EP inside a node got cheaper, "
         "and layouts that keep the exchange on NVLink (PP 1 EP 8, PP 2 EP 2) are now priced 4-7% "
-        "faster. No published run measures them: the 26.02.01 row labelled PP 2 VP 12 EP 8 "
-        "disagrees with that release's recipe, EP 16 (bench/data/megatron_bridge_perf_settings.md, "
-        "section 8), and the EP 8 runs of 26.02 overlapped the alltoall"
+        "faster. No published run measures them: the 26.02.01 row printed PP 2 VP 12 EP 8 ran "
+        "EP 16 (bench/published_corrections.py), and the EP 8 runs of 25.11 and 26.02 (PP 2, "
+        "the alltoall overlapped: 5,275 and 5,113) are priced 84-91% fast, for want of what "
+        "slows them"
     ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "priced as published (DeepEP, the alltoall overlapped), the published layout is "
