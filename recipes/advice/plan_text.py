@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from config.cost.constants import HELD_OUT_ERROR
 from config.cost.memory import MEMORY_MARGIN, limit_text
 from config.hardware import Cluster
 from config.schema import TrainingConfig
@@ -46,6 +47,23 @@ def command(
     if cluster.num_nodes > 1 and (executor or "local") == "local":
         where += ["--executor", "slurm-bare"]
     return " ".join(["recipes run", *map(shlex.quote, [name, *user, *changed, *size, *where])])
+
+
+def accuracy(plans: list[Plan], error: dict[str, float] = HELD_OUT_ERROR) -> list[str]:
+    """What the ranking is worth: the model's error on NVIDIA runs it was not fitted on, and the
+    plans that lie within its median of the first (the model cannot order those)."""
+    first = plans[0].step.tokens_per_s_per_gpu
+    close = sum(1 for p in plans if p.step.tokens_per_s_per_gpu >= first * (1 - error["median"]))
+    lines = [
+        f"accuracy on {error['runs']:.0f} NVIDIA runs not fitted on: median error "
+        f"{error['median']:.1%}, 9 in 10 within {error['p90']:.1%}"
+    ]
+    if close > 1:
+        lines.append(
+            f"  plans 1-{close} are within {error['median']:.1%} of the first: time a few "
+            "steps of each before a long run"
+        )
+    return lines + [""]
 
 
 def render(
@@ -92,8 +110,8 @@ def render(
             )
             lines.append(f"    as fast within the per-stage cost's uncertainty: {', '.join(split)}")
     if plans:
+        lines += ["", *accuracy(plans)]
         lines += [
-            "",
             "run the first with:",
             "  " + command(recipe_name, cfg, cluster, user, plans[0], profile, executor),
         ]

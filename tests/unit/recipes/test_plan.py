@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from config.cost.constants import TIE_RANGE, VALUES
+from config.cost.constants import HELD_OUT_ERROR, TIE_RANGE, VALUES
 from config.cost.steptime import predict
 from config.finalize import complete, finalize
 from config.hardware import Cluster
@@ -262,6 +262,24 @@ def test_plan_prints_a_table_and_the_command_to_run_the_first(
     ]  # fmt: skip
     assert main([*command[1:], "--dryrun"]) == 0
     assert "dry run: nothing submitted" in capsys.readouterr().out
+
+
+def test_plan_prints_its_accuracy_and_the_plans_within_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The held-out error beside the table, and how many plans lie within its median of the
+    first (a prefix: plans are listed fastest first)."""
+    assert main(["plan", "llama3_8b_pretrain", "--top", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    speeds = [
+        float(line.split()[-5].replace(",", "")) for line in lines if line[:2].strip().isdigit()
+    ]
+    median = HELD_OUT_ERROR["median"]
+    close = sum(1 for v in speeds if v >= speeds[0] * (1 - median))
+    head = f"accuracy on 63 NVIDIA runs not fitted on: median error {median:.1%}, 9 in 10 within"
+    assert any(line.startswith(head) for line in lines)
+    within = f"  plans 1-{close} are within {median:.1%} of the first"
+    assert any(line.startswith(within) for line in lines) == (close > 1)
 
 
 def test_plan_lists_the_ties_of_a_layout(capsys: pytest.CaptureFixture[str]) -> None:
