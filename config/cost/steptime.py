@@ -64,7 +64,7 @@ from functools import lru_cache
 
 from config.cost import dataparallel, layers, offload
 from config.cost.collectives import slowest_of
-from config.cost.constants import CONSTANTS, VALUES
+from config.cost.constants import CONSTANTS, KERNELS_PER_LAYER, VALUES
 from config.cost.memory import (
     ParamCount,
     count_parameters,
@@ -281,17 +281,30 @@ def layer_costs(
             elif m.moe_shared_expert_overlap and fs:  # the shared experts on a side stream,
                 # behind this microbatch's own dispatch and combine, forward and backward
                 ep -= (1 - k["overlap_contention"]) * min(ep, shared)
+        # Transformer Engine's grouped GEMM launches one cuBLAS GEMM per local expert (its
+        # multi-stream path, nvte_multi_tensor_gemm), six a layer: FC1 and FC2 forward, their data
+        # and weight gradients; the fused grouped MLP one kernel for all the experts.
+        launches = 0 if m.moe_fused_grouped_mlp else 6 * E // e
+        launch = k["layer_overhead_s"] / KERNELS_PER_LAYER
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,
             "memory": memory(True),
             "ep": ep,
+            "overhead": k["layer_overhead_s"] + launches * launch,
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
         act = 2 if is_gated(m) else 1
         again["moe_act"] = ({}, {"memory": routed / t * (2 * act * fe + 2 * fe) / hbm})
         again["shared_experts"] = ({}, {"gemm": shared / 3})
-        again["moe"] = ({}, {"gemm": (experts + shared + router) / 3, "ep": ep / 2})
+        again["moe"] = (
+            {},
+            {
+                "gemm": (experts + shared + router) / 3,
+                "ep": ep / 2,
+                "overhead": launches * launch / 3,
+            },
+        )
     vocab = derived.padded_vocab_size
     output = {
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),

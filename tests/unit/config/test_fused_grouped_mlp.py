@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.published_table import load
+from config.cost.constants import KERNELS_PER_LAYER, VALUES
 from config.cost.steptime import predict
 from config.hardware import Cluster
 from config.rules import derive, validate
@@ -87,15 +88,21 @@ def test_megatron_core_would_ignore_it_on_its_local_layers(monkeypatch: pytest.M
 
 
 def test_the_fused_experts_are_priced_faster_and_only_the_experts() -> None:
-    """The fused op runs narrow experts nearer the dense rate (expert_half_dim_fused): the step's
-    GEMM time falls, nothing else moves."""
+    """The fused op runs narrow experts nearer the dense rate (expert_half_dim_fused) in one
+    kernel for all of them: the step's GEMM time falls, and its launches by one cuBLAS GEMM per
+    local expert and GEMM (six a layer); nothing else moves."""
     plain, fused = _cfg(f"{FIELD}=false"), _cfg()
     slow = predict(plain, GB200x8, derive(plain, GB200x8))
     fast = predict(fused, GB200x8, derive(fused, GB200x8))
     assert slow is not None and fast is not None
     assert fast.terms["gemm"] < slow.terms["gemm"]
+    m, e = plain.model, plain.parallel.expert_model_parallel_size
+    launches = 6 * m.num_moe_experts // e * VALUES["layer_overhead_s"] / KERNELS_PER_LAYER
+    per_layer = (slow.terms["overhead"] - fast.terms["overhead"]) / launches
+    layer_microbatches = m.num_layers * derive(plain, GB200x8).num_microbatches  # all MoE, PP 1
+    assert per_layer == pytest.approx(layer_microbatches)
     for term, seconds in slow.terms.items():
-        if term not in ("gemm", "straggler"):  # the straggler term is a share of the compute
+        if term not in ("gemm", "overhead", "straggler"):  # the straggler: a share of compute
             assert fast.terms[term] == pytest.approx(seconds), term
 
 

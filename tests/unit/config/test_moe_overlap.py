@@ -9,6 +9,7 @@ import pytest
 
 from config.cost import layers
 from config.cost import steptime as perf
+from config.cost.constants import KERNELS_PER_LAYER
 from config.cost.memory import estimate_memory
 from config.finalize import finalize
 from config.hardware import Cluster
@@ -87,6 +88,19 @@ def test_flex_sends_a_token_once_per_remote_node() -> None:
     assert _ep_seconds([*inside, FLEX], one_node) == pytest.approx(
         _ep_seconds(inside, one_node) * once
     )
+
+
+@pytest.mark.parametrize("ep", [8, 16, 32, 64, 128])
+def test_each_local_expert_launches_its_own_gemms(ep: int) -> None:
+    """Transformer Engine's grouped GEMM is a cuBLAS GEMM per local expert (six a layer, forward
+    and backward), each at the price of one of the dense layer's launches: DeepSeek-V3's 256
+    experts at EP 8 (32 a GPU) launch 192 GEMMs a layer, at EP 128 twelve."""
+    _, cfg = resolve(DSV3, [f"parallel.expert_model_parallel_size={ep}"])
+    costs = perf.layer_costs(cfg, CLUSTER_1024, derive(cfg, CLUSTER_1024))
+    launch = perf.VALUES["layer_overhead_s"] / KERNELS_PER_LAYER
+    extra = costs.moe["overhead"] - costs.dense["overhead"]
+    assert extra == pytest.approx(6 * 256 // ep * launch)  # the fused MLP's one kernel: in
+    # test_fused_grouped_mlp.py, on Blackwell
 
 
 def test_the_overlap_hides_the_alltoall_behind_compute() -> None:

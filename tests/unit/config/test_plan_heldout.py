@@ -107,8 +107,10 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.05 and held["max"] <= 0.85 and held["top5"] >= 0.55
-    assert held["top5_tied"] >= 0.61  # listed, or one of a listed layout's ties
+    assert held["median"] <= 0.05 and held["max"] <= 0.80 and held["p90"] <= 0.16
+    # 56% (62% with ties) before the experts' launches were priced and the constants refitted
+    # (2026-11-29): three held-out layouts went from 5th to 6th, one from 8th to 2nd.
+    assert held["top5"] >= 0.52 and held["top5_tied"] >= 0.58  # listed; or a listed one's tie
     # What `recipes plan` prints as its accuracy is today's (config/cost/constants.py).
     assert HELD_OUT_ERROR["runs"] == held["runs"]
     assert HELD_OUT_ERROR["median"] == round(held["median"], 3)
