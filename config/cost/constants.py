@@ -4,6 +4,15 @@ calibrated shapes of its slowdowns (bench/plan_calibration.py fits them on publi
 
 from __future__ import annotations
 
+# The last refit, on the calibration part of bench/data/published_perf.csv, of the constants whose
+# sources name it.
+_REFIT = (
+    "refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by "
+    "bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,"
+    "expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,"
+    "gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130)"
+)
+
 # name -> (value, source). Fractions are of config/hardware.py's data-sheet peaks and links.
 CONSTANTS: dict[str, tuple[float, str]] = {
     "gemm_bf16": (
@@ -25,8 +34,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     "gemm_bf16_blackwell": (
         0.5103,
         "BF16 on Blackwell (B200, GB200, B300, GB300), of the dense BF16 peak; fitted as "
-        "gemm_fp4, 0.567 until "
-        "refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130)",
+        "gemm_fp4, 0.567 until " + _REFIT,
     ),
     "gemm_fp8_blackwell": (
         0.517,
@@ -89,8 +97,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     "expert_half_dim_blackwell": (
         3465.0,
         "expert_half_dim on Blackwell (TE's grouped GEMM: a cuBLAS GEMM per expert); fitted "
-        "with it, 3850 until "
-        "refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130)",
+        "with it, 3850 until " + _REFIT,
     ),
     "expert_half_dim_fused": (
         805.2,
@@ -98,7 +105,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "FC1, activation and FC2 in one CuTe DSL kernel on Blackwell, no quantize or activation "
         "pass between them); fitted with it, on the calibration part's 8 fused runs (Qwen3 "
         "30B-A3B, DeepSeek-V3, GPT-OSS 120B; MXFP8, 26.06 and 26.08) among the others; 732 "
-        "until refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130)",
+        "until " + _REFIT,
     ),
     "attention_half_len": (
         512.0,
@@ -120,8 +127,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "at 4.4, 0.1171 with layer_overhead_s 3.3e-4). Since the engine's default loss became "
         "Megatron-Core's (6 bytes, TE's a setting the Megatron-Bridge rows carry) not refitted: "
         "a refit with layer_overhead_s moved the calibration fit loss 0.1108 to 0.1088 and the "
-        "held-out median up, 4.0% to 4.1%. 4.4 until "
-        "refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130)",
+        "held-out median up, 4.0% to 4.1%. 4.4 until " + _REFIT,
     ),
     "fp8_cast_bytes": (
         6.0,
@@ -171,7 +177,8 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         "fixed seconds per layer and microbatch, forward and backward: ~60 kernel launches at "
         "~5 us each when the host issues them (no CUDA graphs), which small work units do not "
         "hide; calibrated (3e-4 before the refit with memory_passes, then 3.3e-4 until "
-        "refitted on 2026-11-29 with the experts' launches priced (KERNELS_PER_LAYER) by bench/plan_calibration.py --table --search --rounds 8 --only layer_overhead_s,expert_half_dim,expert_half_dim_blackwell,expert_half_dim_fused,memory_passes,gemm_fp8_blackwell,gemm_bf16_blackwell (calibration fit loss 0.1185 to 0.1130))",
+        + _REFIT
+        + ")",
     ),
     "ring_base_s": (
         8.4e-6,
