@@ -9,7 +9,7 @@ import re
 import pytest
 
 from bench.published_corrections import CORRECTIONS, corrected
-from bench.published_table import TABLE, load, release
+from bench.published_table import TABLE, _int, load, release
 
 LAYOUT = ("tp", "pp", "cp", "vp", "ep", "etp", "mbs", "fsdp")
 
@@ -20,15 +20,11 @@ def rows() -> dict[str, dict[str, str]]:
         return {r["id"]: r for r in csv.DictReader(f)}
 
 
-def _int(text: str) -> int:
-    return int(text) if text.strip() else 1
-
-
 def _ga_holds(row: dict[str, str]) -> bool:
     """GBS = GA x DP x MBS, with DP the GPUs over TP, PP and CP."""
     ga = int(re.search(r"GA=(\d+)", row["notes"]).group(1))  # type: ignore[union-attr]
-    dp = int(row["gpus"]) // (_int(row["tp"]) * _int(row["pp"]) * _int(row["cp"]))
-    return ga * dp * _int(row["mbs"]) == int(row["gbs"])
+    dp = int(row["gpus"]) // (_int(row["tp"], 1) * _int(row["pp"], 1) * _int(row["cp"], 1))
+    return ga * dp * _int(row["mbs"], 1) == int(row["gbs"])
 
 
 @pytest.mark.parametrize("run_id", sorted(CORRECTIONS))
@@ -55,7 +51,12 @@ def test_the_priced_runs_carry_the_corrected_layout(rows: dict[str, dict[str, st
     runs = {r.id: r for r in load()[0]}
     for run_id in CORRECTIONS:
         row = corrected(rows[run_id])
-        vp = _int(row["vp"])
-        layout = (_int(row["tp"]), _int(row["pp"]), vp if vp > 1 else None, _int(row["cp"]))
-        assert runs[run_id].layout == (*layout, _int(row["ep"]), _int(row["mbs"])), run_id
+        vp = _int(row["vp"], 1)
+        layout = (
+            _int(row["tp"], 1),
+            _int(row["pp"], 1),
+            vp if vp > 1 else None,
+            _int(row["cp"], 1),
+        )
+        assert runs[run_id].layout == (*layout, _int(row["ep"], 1), _int(row["mbs"], 1)), run_id
     assert corrected({"id": "not corrected", "mbs": "2"}) == {"id": "not corrected", "mbs": "2"}
