@@ -9,6 +9,8 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py --table --search --only gemm_fp8_blackwell,gemm_fp4
                                                      # fit the named constants on calibration only
     .venv/bin/python bench/plan_calibration.py --speed                # DeepSeek-V3's 1,024-GPU search
+    .venv/bin/python bench/plan_calibration.py --noise                # the table's own spread across
+                                                     # releases of one configuration
 
 How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
@@ -167,6 +169,25 @@ def scaling(rows: list[dict]) -> list[tuple[str, float, float]]:
     return out
 
 
+def release_noise(runs: list[TableRun]) -> list[tuple[float, str, str]]:
+    """How far NVIDIA's own figure for one configuration moved from one release to the next where
+    nothing the model prices changed (the same configuration and the same release settings:
+    dispatcher, overlap, fused MLP, offloading, loss): (|later / earlier - 1|, earlier id, later
+    id), smallest first. The model prices both alike, so no step-time model of the hardware and
+    the settings alone gets under this spread."""
+    series: dict[tuple, list[TableRun]] = {}
+    for run in runs:
+        series.setdefault((run.config_key, run.settings), []).append(run)
+    out = []
+    for members in series.values():
+        members.sort(key=lambda r: r.release)
+        for before, after in zip(members, members[1:], strict=False):
+            if after.release > before.release:
+                change = abs(after.tokens_per_s_per_gpu / before.tokens_per_s_per_gpu - 1)
+                out.append((change, before.id, after.id))
+    return sorted(out)
+
+
 def _gpus(row: dict) -> int:
     return int(row["run"].gpus)
 
@@ -302,6 +323,11 @@ def main() -> None:
         help="name=v1,v2,...: with --table, the calibration part's errors and ranks at each value",
     )
     parser.add_argument(
+        "--noise",
+        action="store_true",
+        help="how far one configuration's published figure moved between releases",
+    )
+    parser.add_argument(
         "--table",
         action="store_true",
         help="bench/data/published_perf.csv: calibration and held out",
@@ -315,6 +341,18 @@ def main() -> None:
             f"{r['recipe']} on {r['gpus']} GPUs: {r['priced']} layouts priced in {r['seconds']:.3f} "
             f"CPU-s ({r['per_second']:,.0f} layouts per second on one core)"
         )
+        return
+    if args.noise:
+        pairs = release_noise(load_table()[0])
+        changes = [c for c, _, _ in pairs]
+        print(
+            f"{len(pairs)} release pairs of one configuration priced alike: median "
+            f"{statistics.median(changes):.1%}, 90th percentile "
+            f"{changes[int(0.9 * (len(changes) - 1))]:.1%}, max {changes[-1]:.1%}; "
+            f"over 15%: {sum(c > 0.15 for c in changes)}"
+        )
+        for change, before, after in pairs[-5:]:
+            print(f"  {change:6.1%}  {before} -> {after}")
         return
     if args.table:
         calibration, held_out = table_parts()

@@ -94,3 +94,23 @@ def test_no_run_is_far_off(rows: list[dict]) -> None:
     for r in rows:
         limit = 0.4 if r["run"].name in FAR_OFF else 0.3
         assert abs(r["error"]) <= limit, (r["run"].name, r["error"])
+
+
+def test_release_noise_pairs_only_what_the_model_prices_alike() -> None:
+    """`--noise` compares one configuration's figures across consecutive releases only where the
+    release's priced settings (dispatcher, overlap, fused MLP, offloading) are the same too."""
+    from bench.plan_calibration import release_noise
+    from bench.published_table import load
+
+    runs = {r.id: r for r in load()[0]}
+    qwen = [runs[i] for i in ("mb2604-qwen330ba3b-gb300-fp8mx-8", "mb260401-qwen330ba3b-gb300-fp8mx-8",
+                              "mb2606-qwen330ba3b-gb300-fp8mx-8")]  # fmt: skip
+    # 26.04 to 26.04.01: HybridEP both, 31,470 -> 31,744; 26.06 fused the experts' MLP
+    assert [(round(c, 4), a, b) for c, a, b in release_noise(qwen)] == [
+        (round(31744 / 31470 - 1, 4), qwen[0].id, qwen[1].id)
+    ]
+    pairs = release_noise(list(runs.values()))
+    assert len(pairs) >= 150 and [c for c, _, _ in pairs] == sorted(c for c, _, _ in pairs)
+    for _, before, after in pairs:
+        a, b = runs[before], runs[after]
+        assert (a.config_key, a.settings) == (b.config_key, b.settings) and a.release < b.release
