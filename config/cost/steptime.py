@@ -286,12 +286,17 @@ def layer_costs(
         # and weight gradients; the fused grouped MLP one kernel for all the experts.
         launches = 0 if m.moe_fused_grouped_mlp else 6 * E // e
         launch = k["layer_overhead_s"] / KERNELS_PER_LAYER
+        # The dropless alltoall dispatcher waits on the host for the token counts before its
+        # exchange; the GPU then waits on the host for each local expert's work (alltoall_sync_s).
+        waits = m.moe_token_dispatcher_type == "alltoall" and not m.moe_pad_expert_input_to_capacity
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,
             "memory": memory(True),
             "ep": ep,
-            "overhead": k["layer_overhead_s"] + launches * launch,
+            "overhead": k["layer_overhead_s"]
+            + launches * launch
+            + (k["alltoall_sync_s"] * (E // e) if waits else 0.0),
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
         act = 2 if is_gated(m) else 1

@@ -95,12 +95,32 @@ def test_each_local_expert_launches_its_own_gemms(ep: int) -> None:
     """Transformer Engine's grouped GEMM is a cuBLAS GEMM per local expert (six a layer, forward
     and backward), each at the price of one of the dense layer's launches: DeepSeek-V3's 256
     experts at EP 8 (32 a GPU) launch 192 GEMMs a layer, at EP 128 twelve."""
-    _, cfg = resolve(DSV3, [f"parallel.expert_model_parallel_size={ep}"])
+    _, cfg = resolve(DSV3, [f"parallel.expert_model_parallel_size={ep}", FLEX])
     costs = perf.layer_costs(cfg, CLUSTER_1024, derive(cfg, CLUSTER_1024))
     launch = perf.VALUES["layer_overhead_s"] / KERNELS_PER_LAYER
     extra = costs.moe["overhead"] - costs.dense["overhead"]
     assert extra == pytest.approx(6 * 256 // ep * launch)  # the fused MLP's one kernel: in
     # test_fused_grouped_mlp.py, on Blackwell
+
+
+ALLTOALL = "model.moe_token_dispatcher_type=alltoall"
+PADDED = ["model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true"]
+
+
+@pytest.mark.parametrize("ep", [8, 32, 128])
+def test_the_dropless_alltoall_waits_on_the_host_for_each_local_expert(ep: int) -> None:
+    """Megatron-Core's dropless alltoall dispatcher waits on the host for the token counts before
+    its exchange, and the GPU then waits on the host for each local expert's work
+    (alltoall_sync_s); the flex dispatcher does not, nor the alltoall with padded token dropping,
+    whose shapes the host knows."""
+
+    def overhead(extra: list[str]) -> float:
+        _, cfg = resolve(DSV3, [f"parallel.expert_model_parallel_size={ep}", *extra])
+        return perf.layer_costs(cfg, CLUSTER_1024, derive(cfg, CLUSTER_1024)).moe["overhead"]
+
+    waits = overhead([ALLTOALL]) - overhead([FLEX])
+    assert waits == pytest.approx(perf.VALUES["alltoall_sync_s"] * (256 // ep))
+    assert overhead([ALLTOALL, *PADDED]) == pytest.approx(overhead([FLEX]))
 
 
 def test_the_overlap_hides_the_alltoall_behind_compute() -> None:

@@ -107,10 +107,13 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    assert held["median"] <= 0.05 and held["max"] <= 0.80 and held["p90"] <= 0.16
+    # max 78% and 90th percentile 15.3% before the dropless alltoall's host waits were priced
+    # (alltoall_sync_s, 2026-11-29): Qwen3 30B-A3B on 16 H100s, dropless, is priced +65%.
+    assert held["median"] <= 0.05 and held["max"] <= 0.70 and held["p90"] <= 0.155
     # 56% (62% with ties) before the experts' launches were priced and the constants refitted
-    # (2026-11-29): three held-out layouts went from 5th to 6th, one from 8th to 2nd.
-    assert held["top5"] >= 0.52 and held["top5_tied"] >= 0.58  # listed; or a listed one's tie
+    # (2026-11-29): three held-out layouts went from 5th to 6th, one from 8th to 2nd; 52% (59%)
+    # before the host waits, which moved Grok-1 FP8 on 2,048 H100s from 6th to 5th.
+    assert held["top5"] >= 0.535 and held["top5_tied"] >= 0.60  # 34 and 38 of 63: listed; tied
     # What `recipes plan` prints as its accuracy is today's (config/cost/constants.py).
     assert HELD_OUT_ERROR["runs"] == held["runs"]
     assert HELD_OUT_ERROR["median"] == round(held["median"], 3)
