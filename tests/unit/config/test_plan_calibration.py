@@ -40,8 +40,9 @@ KNOWN_MISSES = {
         "priced up to 4% faster (7% before each local expert's GEMM launches were priced): 8th. "
         "No published run measures them: the 26.02.01 row printed PP 2 VP 12 EP 8 ran "
         "EP 16 (bench/published_corrections.py), and the EP 8 runs of 25.11 and 26.02 (PP 2, "
-        "the alltoall overlapped: 5,275 and 5,113) are priced 84-91% fast, for want of what "
-        "slows them"
+        "overlapped: 5,275 dropless on the alltoall, 5,113 on DeepEP) are priced 65% and 81% "
+        "fast (25.11's 78% before its host waits were priced, alltoall_sync_s), for want of "
+        "what slows them"
     ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "priced as published (DeepEP, the alltoall overlapped), the published layout is "
