@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.published_table import TableRun, newest, split  # noqa: E402
+from bench.published_table import TableRun, fitted_before, newest, split  # noqa: E402
 from bench.published_table import load as load_table  # noqa: E402
 from config.cost import steptime as perf  # noqa: E402
 from config.cost.constants import BOUNDS  # noqa: E402
@@ -118,6 +118,14 @@ def table_parts() -> tuple[list[TableRun], list[TableRun]]:
     held out)."""
     runs, _ = load_table()
     return split(newest(runs))
+
+
+def superseded() -> list[TableRun]:
+    """The priced runs `newest` leaves out, older releases' figures of the table's configurations,
+    but those `fitted_before`: in neither part, never fitted on; a second check, of older software."""
+    runs, _ = load_table()
+    kept = {id(r) for r in newest(runs)}
+    return [r for r in runs if id(r) not in kept and not fitted_before(r)]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -371,6 +379,9 @@ def main() -> None:
             rows = table(constants, part)
             print(f"\n{title}:")
             show_table(rows)
+        s = summary(table(constants, superseded(), ranked=False))
+        print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
+              f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
         return
     if args.search:
         constants = search(constants, args.rounds)

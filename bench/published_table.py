@@ -312,8 +312,7 @@ def loss_settings(model: str, software: str) -> list[str]:
     - NeMo from 25.07: scripts/performance/helpers.py `set_primary_perf_configs` (NVIDIA/NeMo
       96578928a7, first in v2.4.0; not in v2.3.0-v2.3.2, NeMo 25.04);
     - DeepSeek-V3 from NeMo 25.04: scripts/performance/llm/pretrain_deepseek_v3.py sets it in
-      v2.3.0, and dgxc-benchmarking v25.05.05 runs that script (deepseek_v3/pretraining/launch.sh).
-    """
+      v2.3.0, and dgxc-benchmarking v25.05.05 runs that script (deepseek_v3/pretraining/launch.sh)."""
     nemo = re.search(r"NeMo (\d\d\.\d\d)", software)
     version = float(nemo[1]) if nemo else 0.0
     te = (
@@ -482,19 +481,20 @@ def newest(runs: list[TableRun]) -> list[TableRun]:
     return [r for r in runs if best[r.config_key] is r]
 
 
-def split(runs: list[TableRun]) -> tuple[list[TableRun], list[TableRun]]:
-    """(calibration, held out): whole configurations, each held out where a hash of it and SEED
-    falls in the first third, so that rows added later move no other configuration. The
-    configurations of tests/support/published_runs.py (what the constants were fitted on before
-    this table) are always calibration."""
+def fitted_before(r: TableRun) -> bool:
+    """Whether the configuration is one of tests/support/published_runs.py's (fitted before)."""
     from tests.support.published_runs import RUNS
 
-    fitted = {(r.gpus, r.layout, "fp8" in r.recipe + " ".join(r.overrides)) for r in RUNS}
+    fitted = {(f.gpus, f.layout, "fp8" in f.recipe + " ".join(f.overrides)) for f in RUNS}
+    return r.system == "H100" and (r.gpus, r.layout, r.precision != "bf16") in fitted
+
+
+def split(runs: list[TableRun]) -> tuple[list[TableRun], list[TableRun]]:
+    """(calibration, held out): whole configurations, held out where a hash of it and SEED falls
+    in the first third (rows added later move no others); `fitted_before` ones calibration."""
 
     def held(r: TableRun) -> bool:
-        if r.system == "H100" and (r.gpus, r.layout, r.precision != "bf16") in fitted:
-            return False
         digest = hashlib.sha256(f"{SEED} {r.config_key!r}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < HELD_OUT
+        return not fitted_before(r) and int.from_bytes(digest[:8], "big") / 2**64 < HELD_OUT
 
     return [r for r in runs if not held(r)], [r for r in runs if held(r)]
