@@ -207,16 +207,23 @@ def fit_loss(rows: list[dict]) -> float:
     return statistics.median(errors) + statistics.mean(errors)
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """The median, 90th percentile and maximum of `values` (the table's error figures)."""
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[int(0.9 * (len(ordered) - 1))],
+        "max": ordered[-1],
+    }
+
+
 def summary(rows: list[dict]) -> dict[str, float]:
-    errors = sorted(abs(r["error"]) for r in rows)
     ranked = [r for r in rows if r["ranked"]]
     top5 = sum(1 for r in ranked if r["rank"] is not None and r["rank"] <= 5)
     tied = sum(1 for r in ranked if r["tied"] is not None and r["tied"] <= 5)
     return {
         "runs": len(rows),
-        "median": statistics.median(errors),
-        "p90": errors[int(0.9 * (len(errors) - 1))],
-        "max": errors[-1],
+        **spread([abs(r["error"]) for r in rows]),
         "top5": top5 / len(ranked) if ranked else float("nan"),
         "top5_tied": tied / len(ranked) if ranked else float("nan"),
     }
@@ -353,10 +360,10 @@ def main() -> None:
     if args.noise:
         pairs = release_noise(load_table()[0])
         changes = [c for c, _, _ in pairs]
+        s = spread(changes)
         print(
             f"{len(pairs)} release pairs of one configuration priced alike: median "
-            f"{statistics.median(changes):.1%}, 90th percentile "
-            f"{changes[int(0.9 * (len(changes) - 1))]:.1%}, max {changes[-1]:.1%}; "
+            f"{s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}; "
             f"over 15%: {sum(c > 0.15 for c in changes)}"
         )
         for change, before, after in pairs[-5:]:
