@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.published_table import TableRun, fitted_before, newest, split  # noqa: E402
+from bench.published_table import TableRun, fitted_before, newest, priced, split  # noqa: E402
 from bench.published_table import load as load_table  # noqa: E402
 from config.cost import steptime as perf  # noqa: E402
 from config.cost.constants import BOUNDS  # noqa: E402
@@ -69,12 +69,12 @@ def evaluate(
 ) -> dict:
     """The run's predicted tokens/s/GPU and error; with `ranked`, where the planner puts its
     layout among its TOP best (None: not among them) and the planner's best."""
-    recipe, cfg = resolve(run.recipe, run.overrides)
-    gpu, per_node = getattr(run, "gpu", "h100"), getattr(run, "gpus_per_node", 8)
-    size = JobSize(
-        nodes=max(1, run.gpus // per_node), gpus_per_node=min(run.gpus, per_node), gpu=gpu
-    )
-    cluster = job_cluster(recipe.cluster, None, size)
+    if isinstance(run, TableRun):
+        cfg, cluster = priced(run)
+    else:  # tests/support/published_runs.py's: DGX H100s
+        recipe, cfg = resolve(run.recipe, run.overrides)
+        size = JobSize(nodes=max(1, run.gpus // 8), gpus_per_node=min(run.gpus, 8), gpu="h100")
+        cluster = job_cluster(recipe.cluster, None, size)
     step = perf.predict(cfg, cluster, derive(cfg, cluster), constants)
     plans: list = []
     if ranked:

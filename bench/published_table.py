@@ -14,116 +14,38 @@ so no held-out layout was seen in calibration, and rows added later move none ac
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.published_corrections import corrected
+from bench.published_models import ARCHITECTURES, RECIPES
+
+if TYPE_CHECKING:
+    from config.hardware import Cluster
+    from config.schema import TrainingConfig
 
 TABLE = Path(__file__).resolve().parent / "data" / "published_perf.csv"
 SEED = 29  # the split's; never changed after the first fit
 HELD_OUT = 1 / 3
 BLACKWELL_SINCE = 25.09  # the first release whose Blackwell figures the model prices
 
-# The model names NVIDIA prints -> the catalog recipe whose model is that preset.
-RECIPES = {
-    "Llama 3 8B": "llama3_8b_pretrain",
-    "Llama 3.1 8B": "llama3_8b_pretrain",
-    "Llama 3 70B": "llama3_70b_pretrain",
-    "Llama 3.1 70B": "llama3_70b_pretrain",
-    "Llama 3.1 405B": "llama31_405b_pretrain",
-    "DeepSeek-V3": "deepseek_v3_pretrain",
-    "Qwen3 30B-A3B": "qwen3_30b_a3b_pretrain",
-    "GPT-OSS 120B": "gpt_oss_120b_pretrain",
-    "Mixtral 8x7B": "mixtral_8x7b_pretrain",
-    "Qwen3 235B-A22B": "qwen3_30b_a3b_pretrain",  # with ARCHITECTURES' overrides
-    # The models below too: each priced as this recipe with ARCHITECTURES' overrides.
-    "Llama 2 7B": "llama3_8b_pretrain",
-    "Llama 2 13B": "llama3_8b_pretrain",
-    "Llama 2 70B": "llama3_8b_pretrain",
-    "Nemotron-4 15B": "llama3_8b_pretrain",
-    "Nemotron-4 340B": "llama3_8b_pretrain",
-    "GPT-3 175B": "llama3_8b_pretrain",
-    "Grok-1 314B": "mixtral_8x7b_pretrain",
-}
-
-
-def _llama2(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> list[str]:
-    return [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-            f"model.ffn_hidden_size={ffn}", f"model.num_attention_heads={heads}",
-            f"model.num_query_groups={groups}", f"model.kv_channels={hidden // heads}",
-            "model.vocab_size=32000"]  # fmt: skip
-
-
-def _nemotron4(layers: int, hidden: int, heads: int) -> list[str]:
-    return [f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-            f"model.ffn_hidden_size={4 * hidden}", f"model.num_attention_heads={heads}",
-            "model.num_query_groups=8", f"model.kv_channels={hidden // heads}",
-            "model.vocab_size=256000", "model.activation=gelu",
-            "model.normalization=LayerNorm"]  # fmt: skip
-
-
-# Models without a catalog recipe, priced as another recipe with their published architecture
-# as overrides. Qwen3 235B-A22B: Qwen/Qwen3-235B-A22B config.json (hidden 4096, 94 layers, 64
-# query heads of 128, 4 KV heads, 128 experts of moe_intermediate_size 1536, top-8), otherwise
-# Qwen3 30B-A3B's (the same vocabulary, norms, router and RoPE base).
-ARCHITECTURES = {
-    "Qwen3 235B-A22B": [
-        "model.num_layers=94",
-        "model.hidden_size=4096",
-        "model.ffn_hidden_size=12288",
-        "model.num_attention_heads=64",
-        "model.num_query_groups=4",
-        "model.kv_channels=128",
-        "model.moe_ffn_hidden_size=1536",
-    ],
-    # meta-llama/Llama-2-{7b,13b,70b}-hf config.json: RMSNorm, SwiGLU, RoPE, vocabulary 32,000.
-    "Llama 2 7B": [*_llama2(32, 4096, 11008, 32, 32)],
-    "Llama 2 13B": [*_llama2(40, 5120, 13824, 40, 40)],
-    "Llama 2 70B": [*_llama2(80, 8192, 28672, 64, 8)],
-    # Nemotron-4 15B (arXiv 2402.16819) and 340B (arXiv 2406.11704): squared-ReLU MLP of 4x
-    # width, not gated, priced as GELU (the same GEMMs and saved tensors), LayerNorm, RoPE, GQA
-    # with 8 KV heads, vocabulary 256,000, untied embeddings.
-    "Nemotron-4 15B": [*_nemotron4(32, 6144, 48)],
-    "Nemotron-4 340B": [*_nemotron4(96, 18432, 96)],
-    # GPT-3 175B (Brown et al. 2020, Megatron-LM's gpt3 175B example): 96 layers of 12,288, 96
-    # heads, GELU 4x, LayerNorm, learned positions, biases, GPT-2's vocabulary, tied embeddings.
-    "GPT-3 175B": [
-        "model.num_layers=96",
-        "model.hidden_size=12288",
-        "model.ffn_hidden_size=49152",
-        "model.num_attention_heads=96",
-        "model.num_query_groups=null",
-        "model.kv_channels=128",
-        "model.vocab_size=50257",
-        "model.activation=gelu",
-        "model.normalization=LayerNorm",
-        "model.position_embedding_type=learned_absolute",
-        "model.add_bias_linear=true",
-        "model.share_embeddings_and_output_weights=true",
-    ],  # fmt: skip
-    # xai-org/grok-1 model.py: 64 layers of 6,144, 48 query and 8 KV heads of 128, 8 experts
-    # of 32,768 (gated GELU), top 2, vocabulary 131,072.
-    "Grok-1 314B": [
-        "model.num_layers=64",
-        "model.hidden_size=6144",
-        "model.ffn_hidden_size=32768",
-        "model.moe_ffn_hidden_size=32768",
-        "model.num_attention_heads=48",
-        "model.num_query_groups=8",
-        "model.kv_channels=128",
-        "model.vocab_size=131072",
-        "model.activation=geglu",
-    ],  # fmt: skip
-}
-SYSTEMS = {  # system -> (GPU kind in config/hardware.py, GPUs per node)
-    "H100": ("h100", 8),
-    "H200": ("h200", 8),
-    "B200": ("b200", 8),
-    "B300": ("b300", 8),
-    "GB200": ("gb200", 4),
-    "GB300": ("gb300", 4),
+# system -> (GPU kind in config/hardware.py, GPUs per node, network GB/s per GPU: None, the GPU
+# kind's). NVIDIA's DGX B300 runs cross nodes at a 400 Gb/s NIC's rate, not at the 800 Gb/s of
+# the data sheet's ConnectX-8s: GPT-OSS 120B in BF16 at EP 64 over 8 nodes (half its step in
+# alltoalls across nodes) ran 8,047 tokens/s/GPU on B200s and 8,359 on B300s (Megatron-Bridge
+# 26.02), 4% more where twice the network would give 49%. 50 GB/s has the calibration part's
+# least error of 25-100 (bench/plan_calibration.py --table); GB300s' racks keep their data sheet.
+SYSTEMS: dict[str, tuple[str, int, float | None]] = {
+    "H100": ("h100", 8, None),
+    "H200": ("h200", 8, None),
+    "B200": ("b200", 8, None),
+    "B300": ("b300", 8, 50.0),
+    "GB200": ("gb200", 4, None),
+    "GB300": ("gb300", 4, None),
 }
 PRECISIONS = {
     "bf16": "bf16_mixed",
@@ -152,6 +74,7 @@ class TableRun:
     gpus_per_node: int
     # TP, PP, VPP (None: none), CP, EP and MBS, as the planner names them.
     layout: tuple[int, int, int | None, int, int, int]
+    network_gb_s: float | None = None  # SYSTEMS': the network NVIDIA's runs show, else None
     overrides: list[str] = field(default_factory=list)
     # Those of `overrides` that MOE_SETTINGS and OFFLOAD_SETTINGS gave (the release's dispatcher,
     # overlap and offloading): priced, but not part of the configuration, so that learning them
@@ -356,20 +279,28 @@ def release(software: str) -> float:
     return int(yy) + int(mm) / 100 + int(patch or 0) / 10000
 
 
+def priced(run: TableRun) -> tuple[TrainingConfig, Cluster]:
+    """The run's configuration and the cluster it ran on, as the step-time model prices them:
+    the row's GPUs in nodes of SYSTEMS' size, on the network NVIDIA's runs there show."""
+    from launchers.jobsize import JobSize, job_cluster
+    from recipes.registry import resolve
+
+    recipe, cfg = resolve(run.recipe, run.overrides)
+    size = JobSize(
+        nodes=run.gpus // run.gpus_per_node, gpus_per_node=run.gpus_per_node, gpu=run.gpu
+    )
+    cluster = job_cluster(recipe.cluster, None, size)
+    return cfg, dataclasses.replace(cluster, network_gb_s=run.network_gb_s or cluster.network_gb_s)
+
+
 def why_refused(run: TableRun) -> str | None:
     """The checker's refusal of the run as the row gives it (e.g. an EP larger than a pipeline
     stage's ranks: a typo in the source, or a layout Megatron-Core cannot build), or None."""
     from config.rules import derive
     from config.tree import ConfigError
-    from launchers.jobsize import JobSize, job_cluster
-    from recipes.registry import resolve
 
     try:
-        recipe, cfg = resolve(run.recipe, run.overrides)
-        size = JobSize(
-            nodes=run.gpus // run.gpus_per_node, gpus_per_node=run.gpus_per_node, gpu=run.gpu
-        )
-        derive(cfg, job_cluster(recipe.cluster, None, size))
+        derive(*priced(run))
     except ConfigError as err:
         return f"the checker refuses it: {str(err).splitlines()[0][:160]}"
     return None
@@ -406,7 +337,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             if why:
                 skipped.append((row, why))
                 continue
-            gpu, per_node = SYSTEMS[row["system"]]
+            gpu, per_node, network = SYSTEMS[row["system"]]
             gpus = int(row["gpus"])
             tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
             vp, ep, mbs = _int(row["vp"]), _int(row["ep"], 1), _int(row["mbs"], 1)
@@ -459,6 +390,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 gpu=gpu,
                 gpus_per_node=min(per_node, gpus),
                 layout=(tp, pp, vp, cp, ep, mbs),
+                network_gb_s=network,
                 overrides=overrides + settings,
                 settings=tuple(settings),
             )
