@@ -16,7 +16,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   expert receives) run further from the peak; an expert's own width takes expert_half_dim. The
   output layer and attention stay in BF16. Blackwell has its own efficiencies (BF16, FP8, MXFP8,
   NVFP4, attention, experts, fused experts) and tile width, fitted on published runs
-  (bench/data/published_perf.csv), Ultra a clock factor.
+  (bench/data/published_perf.csv), Ultra a clock factor; the output layer, one GEMM larger than
+  any of a layer's, reaches gemm_bf16's fraction of the BF16 peak on every GPU.
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate,
   less what windowed layers skip and Gated DeltaNet layers lack (`layers.attention_share`).
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
@@ -173,6 +174,10 @@ def layer_costs(
     fraction = k[constant("gemm_fp8" if kind == "mxfp8" else f"gemm_{kind}", spec)]
     rate = peak * fraction * (ultra if kind != "fp4" else 1.0)
     bf16 = spec.bf16_tflops * k[constant("gemm_bf16", spec)] * ultra
+    # The output layer: Megatron-Core's plain (not Transformer Engine) BF16 GEMM of tokens x hidden
+    # x vocabulary / TP, whatever the recipe, runs as large GEMMs do: gemm_bf16's fraction of the
+    # peak on every GPU, not Blackwell's whole-layer gemm_bf16_blackwell (constants.py).
+    large = spec.bf16_tflops * k["gemm_bf16"] * ultra
     net = cluster.network * 1e9 * k["network"]
 
     def nvl(group: int) -> float:
@@ -312,7 +317,7 @@ def layer_costs(
         )
     vocab = derived.padded_vocab_size
     output = {
-        "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, bf16),
+        "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, large),
         "memory": k["memory_passes"] * tokens * vocab / t * logit_bytes(cfg, cluster) / hbm,
     }
     if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs

@@ -108,12 +108,16 @@ def test_report_and_todays_bounds(
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
     # max 78% and 90th percentile 15.3% before the dropless alltoall's host waits were priced
-    # (alltoall_sync_s, 2026-11-29): Qwen3 30B-A3B on 16 H100s, dropless, is priced +65%.
-    assert held["median"] <= 0.05 and held["max"] <= 0.70 and held["p90"] <= 0.155
+    # (alltoall_sync_s, 2026-11-29): Qwen3 30B-A3B on 16 H100s, dropless, is priced +65%. 90th
+    # percentile 15.0% before the output layer took gemm_bf16 on Blackwell (2026-11-29, eleventh
+    # session): DeepSeek-V3 on 256 B200s and B300s from -22% and -19% to -9% and -5%.
+    assert held["median"] <= 0.05 and held["max"] <= 0.70 and held["p90"] <= 0.12
     # 56% (62% with ties) before the experts' launches were priced and the constants refitted
     # (2026-11-29): three held-out layouts went from 5th to 6th, one from 8th to 2nd; 52% (59%)
-    # before the host waits, which moved Grok-1 FP8 on 2,048 H100s from 6th to 5th.
-    assert held["top5"] >= 0.535 and held["top5_tied"] >= 0.60  # 34 and 38 of 63: listed; tied
+    # before the host waits, which moved Grok-1 FP8 on 2,048 H100s from 6th to 5th; 54% (60%)
+    # before the output layer's rate, which moved Llama 3.1 405B FP8 and MXFP8 on 128 B200s from
+    # 7th to 5th.
+    assert held["top5"] >= 0.565 and held["top5_tied"] >= 0.625  # 36 and 40 of 63: listed; tied
     # What `recipes plan` prints as its accuracy is today's (config/cost/constants.py).
     assert HELD_OUT_ERROR["runs"] == held["runs"]
     assert HELD_OUT_ERROR["median"] == round(held["median"], 3)
@@ -124,7 +128,7 @@ def test_older_releases_of_the_configurations_never_fitted_on(parts: tuple[list,
     """The figures `newest` leaves out (older releases of the table's configurations, in neither
     part), but those fitted on before the table: today's bounds. Pricing the dropless alltoall's
     host waits (alltoall_sync_s) took their median from 5.1% to 4.9% and the 90th percentile
-    from 20.2% to 17.2%."""
+    from 20.2% to 17.2%; B300's network and the output layer's rate to 4.0% and 14.7%."""
     from bench.plan_calibration import superseded
     from bench.published_table import fitted_before
 
@@ -133,7 +137,7 @@ def test_older_releases_of_the_configurations_never_fitted_on(parts: tuple[list,
     assert not any(fitted_before(r) for r in runs)
     s = summary(table(dict(perf.VALUES), runs, ranked=False))
     assert s["runs"] == len(runs) >= 200
-    assert s["median"] <= 0.05 and s["p90"] <= 0.18
+    assert s["median"] <= 0.045 and s["p90"] <= 0.155
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's bounds on the held-out part are not met yet")
