@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -413,12 +414,17 @@ def newest(runs: list[TableRun]) -> list[TableRun]:
     return [r for r in runs if best[r.config_key] is r]
 
 
-def fitted_before(r: TableRun) -> bool:
-    """Whether the configuration is one of tests/support/published_runs.py's (fitted before)."""
+@lru_cache(maxsize=1)
+def _fitted() -> frozenset[tuple]:
+    """tests/support/published_runs.py's configurations: (GPUs, layout, FP8)."""
     from tests.support.published_runs import RUNS
 
-    fitted = {(f.gpus, f.layout, "fp8" in f.recipe + " ".join(f.overrides)) for f in RUNS}
-    return r.system == "H100" and (r.gpus, r.layout, r.precision != "bf16") in fitted
+    return frozenset((f.gpus, f.layout, "fp8" in f.recipe + " ".join(f.overrides)) for f in RUNS)
+
+
+def fitted_before(r: TableRun) -> bool:
+    """Whether the configuration is one of tests/support/published_runs.py's (fitted before)."""
+    return r.system == "H100" and (r.gpus, r.layout, r.precision != "bf16") in _fitted()
 
 
 def split(runs: list[TableRun]) -> tuple[list[TableRun], list[TableRun]]:
