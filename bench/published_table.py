@@ -253,6 +253,30 @@ def fused_settings(model: str, system: str, precision: str, release: float) -> l
     return ["model.moe_fused_grouped_mlp=true"] if covered else []
 
 
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts by (PP, VPP): its recipe's map from 25.09
+# (recipes/deepseek/deepseek_v3.py at r0.1.0 684a686165, `set_deepseek_v3_pipeline_model_parallel_
+# layout` from v0.3.0 21b02e0cfb on), and its performance configs' `pp_layout` from 26.02
+# (configs/deepseek/deepseek_workload_base_configs.py: GB300's PP 2 VPP 8, H100's PP 8 VPP 4).
+# The MTP layer and the loss take the place of three decoder layers (two at 32 chunks).
+DEEPSEEK_LAYOUTS = {
+    (4, 1, 25.09): "Et*16|t*16|t*16|t*13mL",
+    **dict.fromkeys([(8, 1, 25.09), (4, 2, 25.09)], "Et*8|(t*8|)*6t*5mL"),
+    **dict.fromkeys(
+        [(16, 1, 25.09), (8, 2, 25.09), (4, 4, 25.09), (2, 8, 26.02)], "Et*4|(t*4|)*14tmL"
+    ),  # fmt: skip
+    (8, 4, 26.02): "Et|(tt|)*30mL",
+}
+
+
+def layout_settings(model: str, pp: int, vp: int | None, release: float) -> list[str]:
+    """The pipeline layout a Megatron-Bridge DeepSeek-V3 run ran (DEEPSEEK_LAYOUTS), else nothing:
+    the layout Megatron-Core derives, which the model prices otherwise."""
+    layouts = [text for (p, v, since), text in DEEPSEEK_LAYOUTS.items()
+               if (p, v) == (pp, vp or 1) and release >= since]  # fmt: skip
+    ok = model == "DeepSeek-V3" and layouts
+    return [f"parallel.pipeline_model_parallel_layout={layouts[0]}"] if ok else []
+
+
 def _int(text: str, default: int | None = None) -> int | None:
     return int(float(text)) if text.strip() else default
 
@@ -367,6 +391,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 settings += moe_settings(*key) + fused_settings(*key)
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
                 settings += mb2509_settings(row["model"], row["system"], key[-1])
+                settings += layout_settings(row["model"], pp, vp, key[-1])
             if (
                 row["model"] == "DeepSeek-V3"
                 and row["software"].startswith("Megatron-Bridge")

@@ -147,6 +147,22 @@ def balanced(num_layers: int, mtp_layers: int, num_chunks: int) -> list[list[str
     return chunks
 
 
+def loss_heavy(num_layers: int, mtp_layers: int, num_chunks: int) -> list[list[str]] | None:
+    """`balanced` with the embedding's place given to the loss: the first chunk holds the
+    embedding and a full chunk's layers, the last one layer fewer beside its MTP layers and the
+    loss. Megatron-Bridge lays out DeepSeek-V3 so ("Et*4|(t*4|)*14tmL" over 16 chunks, its
+    balanced layout "Ettt|(tttt|)*14ttmL"): the embedding is a lookup, the output layer one BF16
+    GEMM larger than any of a layer's. None where `balanced` is None or no layer is left to move."""
+    chunks = balanced(num_layers, mtp_layers, num_chunks)
+    if chunks is None or num_chunks < 2 or "t" not in chunks[-1]:
+        return None
+    flat = [c for chunk in chunks for c in chunk if c != "E"]
+    sizes = [len(chunk) for chunk in chunks]  # every chunk's places: the same
+    out = [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(num_chunks)]
+    out[0].insert(0, "E")
+    return out
+
+
 def decoder_layers_per_rank(chunks: list[list[str]], pp: int) -> list[int]:
     """Transformer layers (t and m) held by each pipeline rank, over all its virtual stages."""
     per_rank = [0] * pp

@@ -1,7 +1,8 @@
 """`recipes plan`: the layouts of a recipe on a cluster, ranked by predicted step time.
 
-A layout is TP, CP, PP with its virtual stages (Megatron-Core's even split, or the balanced uneven
-layout that gives the embedding and the loss a layer's place), EP and ETP for MoE models. For each
+A layout is TP, CP, PP with its virtual stages (Megatron-Core's even split, the balanced uneven
+layout that gives the embedding and the loss a layer's place, or the one that gives the loss the
+embedding's place too: config/layout.py loss_heavy), EP and ETP for MoE models. For each
 layout and micro batch size the planner takes the least recompute that fits (none, selective of
 the attention kernel, selective of the light modules (MLA's up projections, the norms, the experts'
 activation), selective of those and the MLPs, full recompute of the first n layers of every chunk,

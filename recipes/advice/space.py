@@ -98,7 +98,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
-    """(VPP, layout string) choices for PP ranks: the even split and the balanced layout."""
+    """(VPP, layout string) choices for PP ranks: the even split, the balanced layout and the
+    layouts that give the loss more room (config/layout.py loss_heavy)."""
     m = cfg.model
     mtp = m.mtp_num_layers or 0
     out: list[tuple[int | None, str | None]] = []
@@ -109,9 +110,12 @@ def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | Non
         even = m.num_layers % chunks == 0
         if even:
             out.append((vpp, None))
-        balanced = layouts.balanced(m.num_layers, mtp, chunks) if pp > 1 else None
-        if balanced:
-            out.append((vpp, layouts.render(balanced)))
+        if pp < 2:
+            continue
+        for uneven in (layouts.balanced, layouts.loss_heavy):
+            chunks_ = uneven(m.num_layers, mtp, chunks)
+            if chunks_:
+                out.append((vpp, layouts.render(chunks_)))
     return out
 
 
