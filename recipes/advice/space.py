@@ -99,7 +99,7 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
     """(VPP, layout string) choices for PP ranks: the even split, the balanced layout and the
-    layouts that give the loss more room (config/layout.py loss_heavy)."""
+    one that gives the loss the embedding's place too (config/layout.py loss_heavy)."""
     m = cfg.model
     mtp = m.mtp_num_layers or 0
     out: list[tuple[int | None, str | None]] = []

@@ -129,7 +129,8 @@ def test_older_releases_of_the_configurations_never_fitted_on(parts: tuple[list,
     """The figures `newest` leaves out (older releases of the table's configurations, in neither
     part), but those fitted on before the table: today's bounds. Pricing the dropless alltoall's
     host waits (alltoall_sync_s) took their median from 5.1% to 4.9% and the 90th percentile
-    from 20.2% to 17.2%; B300's network and the output layer's rate to 4.0% and 14.7%."""
+    from 20.2% to 17.2%; B300's network and the output layer's rate to 4.0% and 14.7%; the
+    layouts NVIDIA ran DeepSeek-V3 with (DEEPSEEK_LAYOUTS) to 3.9% and 15.1%."""
     from bench.plan_calibration import superseded
     from bench.published_table import fitted_before
 
