@@ -258,23 +258,24 @@ def fused_settings(model: str, system: str, precision: str, release: float) -> l
 # layout` from v0.3.0 21b02e0cfb on), and its performance configs' `pp_layout` from 26.02
 # (configs/deepseek/deepseek_workload_base_configs.py: GB300's PP 2 VPP 8, H100's PP 8 VPP 4).
 # The MTP layer and the loss take the place of three decoder layers (two at 32 chunks).
-DEEPSEEK_LAYOUTS = {
-    (4, 1, 25.09): "Et*16|t*16|t*16|t*13mL",
-    **dict.fromkeys([(8, 1, 25.09), (4, 2, 25.09)], "Et*8|(t*8|)*6t*5mL"),
-    **dict.fromkeys(
-        [(16, 1, 25.09), (8, 2, 25.09), (4, 4, 25.09), (2, 8, 26.02)], "Et*4|(t*4|)*14tmL"
-    ),  # fmt: skip
-    (8, 4, 26.02): "Et|(tt|)*30mL",
+DEEPSEEK_LAYOUTS: dict[tuple[int, int], tuple[float, str]] = {  # (PP, VPP): (since, layout)
+    (4, 1): (25.09, "Et*16|t*16|t*16|t*13mL"),
+    (8, 1): (25.09, "Et*8|(t*8|)*6t*5mL"),
+    (4, 2): (25.09, "Et*8|(t*8|)*6t*5mL"),
+    (16, 1): (25.09, "Et*4|(t*4|)*14tmL"),
+    (8, 2): (25.09, "Et*4|(t*4|)*14tmL"),
+    (4, 4): (25.09, "Et*4|(t*4|)*14tmL"),
+    (2, 8): (26.02, "Et*4|(t*4|)*14tmL"),
+    (8, 4): (26.02, "Et|(tt|)*30mL"),
 }
 
 
 def layout_settings(model: str, pp: int, vp: int | None, release: float) -> list[str]:
     """The pipeline layout a Megatron-Bridge DeepSeek-V3 run ran (DEEPSEEK_LAYOUTS), else nothing:
     the layout Megatron-Core derives, which the model prices otherwise."""
-    layouts = [text for (p, v, since), text in DEEPSEEK_LAYOUTS.items()
-               if (p, v) == (pp, vp or 1) and release >= since]  # fmt: skip
-    ok = model == "DeepSeek-V3" and layouts
-    return [f"parallel.pipeline_model_parallel_layout={layouts[0]}"] if ok else []
+    since, layout = DEEPSEEK_LAYOUTS.get((pp, vp or 1), (float("inf"), ""))
+    ok = model == "DeepSeek-V3" and release >= since
+    return [f"parallel.pipeline_model_parallel_layout={layout}"] if ok else []
 
 
 def _int(text: str, default: int | None = None) -> int | None:

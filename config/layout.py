@@ -156,9 +156,9 @@ def loss_heavy(num_layers: int, mtp_layers: int, num_chunks: int) -> list[list[s
     chunks = balanced(num_layers, mtp_layers, num_chunks)
     if chunks is None or num_chunks < 2 or "t" not in chunks[-1]:
         return None
+    per = len(chunks[0])  # every chunk's places, the same
     flat = [c for chunk in chunks for c in chunk if c != "E"]
-    sizes = [len(chunk) for chunk in chunks]  # every chunk's places: the same
-    out = [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(num_chunks)]
+    out = [flat[i * per : (i + 1) * per] for i in range(num_chunks)]
     out[0].insert(0, "E")
     return out
 
