@@ -46,6 +46,7 @@ from config.cost.memory import (
     bytes_per_parameter,
     count_parameters,
     estimate_memory,
+    fits,
     fits_memory,
     memory_limit_gib,
     rank_params,
@@ -404,29 +405,39 @@ def _fitting(
     """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
     memory (fitting as `recipes check` judges it, keeping `margin` of the memory free).
 
-    The last of `recomputes` saves the most, so when it does not fit nothing does; the others are
-    tried in order (selective and block recompute do not save memory in a fixed order). `ordered`:
-    each saves more than the one before (offloading more layers), so the first that fits is
-    found by bisection."""
+    The last of `recomputes` saves the most GPU memory, so when it does not fit the GPU nothing
+    does; the others are tried in order (selective and block recompute do not save memory in a
+    fixed order). `ordered`: each saves more GPU memory than the one before and pins more host
+    memory (offloading more layers), so the first that fits the GPU is found by bisection, and
+    the host's limit ends the list where it is passed."""
 
-    def fitting(index: int) -> tuple[Derived, MemoryEstimate] | None:
+    def fitting(index: int, on_gpu: bool = False) -> tuple[Derived, MemoryEstimate] | None:
+        """The recompute's derived values and memory if it fits (`on_gpu`: the GPU alone)."""
         apply(work, shape, mbs, recomputes[index], pins, fsdp)
         derived = complete(finalize(work, cluster))
         if derived is None:
             return None
         memory = estimate_memory(work, cluster, derived)
+        if on_gpu:
+            return (
+                (derived, memory)
+                if fits(memory.total_gib, cluster.spec.memory_gib, margin)
+                else None
+            )
         return (derived, memory) if fits_memory(memory, cluster.spec, margin) else None
 
-    if not recomputes or fitting(len(recomputes) - 1) is None:
+    if not recomputes or fitting(len(recomputes) - 1, on_gpu=ordered) is None:
         return
-    first, last = 0, len(recomputes) - 1  # the first that fits is in [first, last]
+    first, last = 0, len(recomputes) - 1  # the first that fits the GPU is in [first, last]
     while ordered and first < last:
         middle = (first + last) // 2
-        first, last = (first, middle) if fitting(middle) else (middle + 1, last)
+        first, last = (first, middle) if fitting(middle, on_gpu=True) else (middle + 1, last)
     for index in range(first, len(recomputes)):
         chosen = fitting(index)
         if chosen:
             yield chosen
+        elif ordered:
+            return  # what fits the GPU from here on overflows the host's pinned memory
 
 
 class _StaticMemory:

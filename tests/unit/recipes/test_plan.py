@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
 from config.cost.constants import HELD_OUT_ERROR, TIE_RANGE, VALUES
 from config.cost.steptime import predict
 from config.finalize import complete, finalize
-from config.hardware import Cluster
+from config.hardware import GPUS, Cluster
 from config.rules import derive
 from config.schema import TrainingConfig
 from config.tree import apply_overrides
@@ -25,6 +26,7 @@ from recipes.advice.plan import (
     MEMORY_MARGIN,
     MICRO_BATCHES,
     _FastDerived,
+    _fitting,
     _fsdp_runs,
     _shardings,
     pinned,
@@ -119,6 +121,32 @@ def test_best_first_search_finds_the_exhaustive_optimum(recipe: str, cluster: Cl
     ]
     assert [g for g, _ in got] == [g for g, _ in expected]
     assert [s for _, s in got] == pytest.approx([s for _, s in expected])
+
+
+def test_offloading_stops_where_the_host_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU bounds the offloaded layers from below and the host's pinned memory from above: the
+    planner tries each count that fits both, fewest first, as `check` finds trying them all, also
+    where offloading all but one overflows the host (Megatron-Bridge's Llama 3.1 405B on 128 GB200s
+    offloads 95 of its 126 layers; the planner found no offloading there when 125 overflowed)."""
+    monkeypatch.setitem(GPUS, "gh200-small-host", replace(GPUS["gh200"], host_memory_gib=70.0))
+    cluster = Cluster(1, 4, "gh200-small-host")
+    _, cfg = resolve("llama3_8b_pretrain", ["model.seq_length=16384"])
+    cfg.optimizer.use_distributed_optimizer = True
+    shape = next(s for s in shapes(cfg, cluster, {}) if (s.tp, s.pp, s.cp) == (1, 1, 1))
+    choices = offload_choices(cfg, shape, {}, True)
+    fitting = []
+    for choice in choices:
+        trial = copy.deepcopy(cfg)
+        apply(trial, shape, 1, choice)
+        if check(trial, cluster, suggest_fixes=False).fits:
+            fitting.append(trial.model.cpu_offloading_num_layers)
+    assert fitting and 1 < fitting[0] and fitting[-1] < cfg.model.num_layers - 1  # both bounds
+    work = copy.deepcopy(cfg)
+    found = [
+        work.model.cpu_offloading_num_layers
+        for _ in _fitting(work, cluster, shape, 1, choices, MEMORY_MARGIN, ordered=True)
+    ]
+    assert found == fitting
 
 
 def test_ties_are_the_pipeline_splits_an_exhaustive_search_finds_as_fast() -> None:
