@@ -8,7 +8,8 @@ login node.
 
 - `attention`, `mlp`, `norm`, `head_dim`: parameters of one block, from the model's widths.
 - `layer_activations`, `discarded`: bytes per token one layer saves for its backward, and what
-  selective recompute frees of them (Korthikanti et al. 2022, generalised; see the docstrings).
+  selective recompute frees of them (Korthikanti et al. 2022, generalised; see the docstrings);
+  `saved_input_bytes`: what a linear layer's saved input takes per element, by precision.
 - `walk`: every slot of a pipeline layout (embedding, decoder layer, MTP layer, output layer) with
   its pipeline rank, virtual stage, whether it is an MoE layer and whether full recompute covers it.
 """
@@ -124,17 +125,31 @@ def first_moe_layer(m: ModelConfig) -> int:
     return num_dense_layers(m) if m.num_moe_experts else m.num_layers + 1
 
 
-def layer_activations(m: ModelConfig, moe: bool, lin: int) -> tuple[float, float]:
+def saved_input_bytes(fp8_recipe: str | None) -> float:
+    """Bytes per element of the input a linear layer saves for its weight gradient: BF16 without
+    FP8; with it, Transformer Engine keeps only the quantized copy its wgrad GEMM reads: one byte
+    per element (per-tensor scaling), plus a scale per block (MXFP8: an E8M0 byte per 32;
+    blockwise: an FP32 per 128); NVFP4's wgrad GEMM runs in NVFP4 too (TE's NVFP4BlockScaling,
+    backward_override None): 4 bits plus an E4M3 scale per 16."""
+    if fp8_recipe is None:
+        return 2.0
+    return {"mxfp8": 1 + 1 / 32, "blockwise": 1 + 4 / 128, "nvfp4": 0.5 + 1 / 16}.get(
+        fp8_recipe, 1.0
+    )
+
+
+def layer_activations(m: ModelConfig, moe: bool, lin: float) -> tuple[float, float]:
     """Bytes per token one layer saves for its backward: (outside, inside) the TP regions.
 
     Without sequence parallel the outside part is replicated on every TP rank, with it everything
-    is split. `lin` is the bytes of a saved linear-layer input (2, or 1 when TE runs it in FP8).
+    is split. `lin` is the bytes of a saved linear-layer input element (saved_input_bytes).
     Korthikanti's standard GPT (GELU, ffn 4h, MHA, dropout, BF16) gives outside 10h, inside 24h:
       outside: norm inputs 2 x 2h + dropout masks 2 x h + QKV input 2h + fc1 input 2h = 10h
       inside:  Q, K, V 3 x 2h + attention output 2h + GELU input 8h + fc2 input 8h = 24h
     """
     h = m.hidden_size
-    outside = 4 * h + (2 * h if m.hidden_dropout > 0 else 0)  # norm inputs; 1-byte dropout masks
+    # norm inputs; 1-byte dropout masks
+    outside: float = 4 * h + (2 * h if m.hidden_dropout > 0 else 0)
     heads = m.num_attention_heads
     # The attention kernel keeps its BF16 output for its own backward; the output projection
     # saves that same tensor in BF16, but its own FP8 copy under FP8.
@@ -176,7 +191,7 @@ def expert_share(m: ModelConfig) -> float:
     return factor if m.moe_pad_expert_input_to_capacity else min(1.0, factor)
 
 
-def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
+def discarded(m: ModelConfig, moe: bool, lin: float) -> tuple[float, float]:
     """Bytes per token of a layer's saved activations that selective recompute frees and rebuilds
     in the backward: (outside, inside) the TP regions, as layer_activations counts them.
 
@@ -190,7 +205,7 @@ def discarded(m: ModelConfig, moe: bool, lin: int) -> tuple[int, int]:
     the routing scores."""
     modules = selective_modules(m)
     h, act = m.hidden_size, 2 if is_gated(m) else 1
-    outside = inside = 0
+    outside = inside = 0.0
     if "mla_up_proj" in modules and m.multi_latent_attention:
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
         inside += 2 * m.num_attention_heads * (2 * qk + m.v_head_dim)

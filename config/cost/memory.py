@@ -381,7 +381,7 @@ def layer_saved_bytes(cfg: TrainingConfig, derived: Derived, moe: bool) -> float
     tp = par.tensor_model_parallel_size
     sp_div = tp if par.sequence_parallel and tp > 1 else 1  # what splits the outside part
     tokens = m.seq_length // par.context_parallel_size * cfg.train.micro_batch_size
-    lin = 1 if derived.preset.fp8_recipe is not None else 2  # TE's FP8 linear inputs: 1 byte
+    lin = layers.saved_input_bytes(derived.preset.fp8_recipe)
     outside, inside = layers.layer_activations(m, moe, lin)
     return tokens * (outside / sp_div + inside / tp)
 
@@ -397,8 +397,7 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     dp, mbs = derived.data_parallel_size, derived.num_microbatches
     edp = derived.expert_data_parallel_size
     vpp, count, h = len(chunks) // pp, count_parameters(cfg), m.hidden_size
-    fp8 = derived.preset.fp8_recipe is not None
-    lin = 1 if fp8 else 2
+    lin = layers.saved_input_bytes(derived.preset.fp8_recipe)
     sp_div = tp if par.sequence_parallel and tp > 1 else 1  # what splits the outside part
     tokens = m.seq_length // par.context_parallel_size * cfg.train.micro_batch_size
 

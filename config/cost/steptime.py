@@ -162,7 +162,7 @@ def layer_costs(
     s, h = m.seq_length, m.hidden_size
     tokens = s * cfg.train.micro_batch_size / c  # one GPU's tokens per microbatch
     peak, kind = gemm_peak(cfg, cluster, derived)
-    lin = 1 if kind != "bf16" else 2
+    lin = layers.saved_input_bytes(None if kind == "bf16" else derived.preset.fp8_recipe)
     half = k[constant("gemm_half_dim", spec)]
 
     def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, own=half) -> float:
