@@ -117,8 +117,10 @@ def test_report_and_todays_bounds(
     # before the host waits, which moved Grok-1 FP8 on 2,048 H100s from 6th to 5th; 54% (60%)
     # before the output layer's rate, which moved Llama 3.1 405B FP8 and MXFP8 on 128 B200s from
     # 7th to 5th; 57% (63%) before the planner offered config/layout.py's loss_heavy layouts,
-    # which moved DeepSeek-V3 MXFP8 on 256 B200s and B300s (PP 16) from below 10th to 1st and 4th.
-    assert held["top5"] >= 0.60 and held["top5_tied"] >= 0.66  # 38 and 42 of 63: listed; tied
+    # which moved DeepSeek-V3 MXFP8 on 256 B200s and B300s (PP 16) from below 10th to 1st and 4th;
+    # 60% (67%) before the planner offloaded where offloading all but one layer overflows the
+    # host, which moved Llama 3.1 405B FP8 on 128 GB200s (FSDP, offloading) from below 10th to 2nd.
+    assert held["top5"] >= 0.61 and held["top5_tied"] >= 0.68  # 39 and 43 of 63: listed; tied
     # What `recipes plan` prints as its accuracy is today's (config/cost/constants.py).
     assert HELD_OUT_ERROR["runs"] == held["runs"]
     assert HELD_OUT_ERROR["median"] == round(held["median"], 3)
