@@ -99,11 +99,14 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | None]]:
     """(VPP, layout string) choices for PP ranks: the even split, the balanced layout and the
-    one that gives the loss the embedding's place too (config/layout.py loss_heavy)."""
+    one that gives the loss the embedding's place too (config/layout.py loss_heavy). The
+    balanced layout counts the embedding and the loss as units beside the layers, so it can have
+    more chunks than layers: Megatron-Bridge runs Llama 3.1 405B's 126 layers over 16 x 8 chunks,
+    "E|(t|)*126L"."""
     m = cfg.model
     mtp = m.mtp_num_layers or 0
     out: list[tuple[int | None, str | None]] = []
-    for chunks in range(pp, m.num_layers + 1, pp):
+    for chunks in range(pp, m.num_layers + mtp + 2 + 1, pp):
         vpp = chunks // pp if chunks > pp else None
         if vpp is not None and pp < 2:
             break

@@ -58,3 +58,24 @@ def test_the_planner_offers_them_beside_the_balanced_layout() -> None:
     assert layouts.render(layouts.parse(MEGATRON_BRIDGE[16])) in offered
     assert layouts.render(layouts.balanced(61, 1, 16)) in offered
     assert _pipelines(cfg, 1) == [(None, None)]  # one stage: Megatron-Core's, no layout
+
+
+def test_the_planner_offers_more_chunks_than_layers_where_the_embedding_and_loss_fill_them() -> (
+    None
+):
+    """Megatron-Bridge runs Llama 3.1 405B (126 layers) at PP 16 VP 8 on GB200s (26.06, FP8 and
+    NVFP4): 128 chunks, the embedding and the loss one each. The planner offered no more chunks
+    than layers; Megatron-Core's parser and validation accept the layout."""
+    _, cfg = resolve("llama31_405b_pretrain", [])
+    offered = dict(_pipelines(cfg, 16))
+    assert offered[8] == "E|(t|)*126L" == layouts.render(layouts.balanced(126, 0, 128))
+    assert layouts.check(layouts.parse(offered[8]), 126, 0, 16, 8) == []
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    PipelineParallelLayerLayout(offered[8], 16).validate_layer_layout(
+        num_layers=126, mtp_num_layers=0
+    )
