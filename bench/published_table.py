@@ -208,6 +208,34 @@ FUSED_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float]] = [
 ]
 
 
+# Selective recompute in Megatron-Bridge's performance recipes where it differs from the recipe
+# here (its recompute_modules; "" none): the workload base configs from v0.2.0 7af9601c9d to
+# v0.5.1 5cb3444c43 (an empty list or no setting over a recipe that sets none: no recompute),
+# the perf_recipes at v0.6.0 51885cf132; bench/data/megatron_bridge_perf_settings.md section 5.
+# GPT-OSS 120B recomputes on H100, B200 and GB200 (but GB200's full-iteration MXFP8 from 26.06),
+# never on GB300 or B300. (model, systems, precision or "*", first release, last release, modules)
+RECOMPUTE_SETTINGS: list[tuple[str, tuple[str, ...], str, float, float, str]] = [
+    ("GPT-OSS 120B", ("GB200",), "fp8_mx", 26.06, 99, ""),
+    ("GPT-OSS 120B", ("GB300", "B300"), "*", 25.11, 99, ""),
+    ("GPT-OSS 120B", ("H100", "B200", "GB200"), "*", 25.11, 99, "layernorm,moe_act"),
+    ("DeepSeek-V3", ("GB300",), "*", 25.11, 25.11, "moe_act"),
+    ("DeepSeek-V3", ("GB300",), "fp8_mx", 26.06, 99, ""),
+    ("DeepSeek-V3", ("GB200",), "*", 26.04, 26.0401, "mlp"),
+    ("DeepSeek-V3", ("B200",), "fp8_mx", 26.0401, 99, "mla_up_proj,mlp"),
+    ("DeepSeek-V3", ("GB300", "GB200", "B300", "B200"), "*", 25.11, 99, "mla_up_proj"),
+]
+
+
+def recompute_settings(model: str, system: str, precision: str, release: float) -> list[str]:
+    """The recompute overrides of the first RECOMPUTE_SETTINGS rule that covers the run."""
+    for rule in RECOMPUTE_SETTINGS:
+        if _covers(rule, model, system, precision, release):
+            if not rule[5]:
+                return ["model.recompute_granularity=None", "model.recompute_modules=None"]
+            return ["model.recompute_granularity=selective", f"model.recompute_modules={rule[5]}"]
+    return []
+
+
 def mb2509_settings(model: str, system: str, release: float) -> list[str]:
     """What Megatron-Bridge 25.09 ran its MoE models with (r0.1.0 684a686165 scripts/performance/
     run_script.py): Qwen3 dropped tokens on every GPU, DeepSeek-V3 on B200 and GB200
@@ -389,7 +417,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
             settings = loss_settings(row["model"], row["software"])
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
-                settings += moe_settings(*key) + fused_settings(*key)
+                settings += moe_settings(*key) + fused_settings(*key) + recompute_settings(*key)
                 settings += offload_settings(*key) if row["fsdp"].strip() == "1" else []
                 settings += mb2509_settings(row["model"], row["system"], key[-1])
                 settings += layout_settings(row["model"], pp, vp, key[-1])

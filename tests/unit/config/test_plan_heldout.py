@@ -204,6 +204,38 @@ def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> Non
     assert not set(h100.settings) & set(h100.config_key[-1])
 
 
+def test_the_releases_recompute_is_priced_over_the_recipes_and_the_notes() -> None:
+    """GPT-OSS 120B recomputes its norms and experts' activation in Megatron-Bridge's H100, B200
+    and GB200 recipes only, and not in GB200's full-iteration MXFP8 from 26.06 (its workload base
+    config's recompute_modules=[]: the row's note, read from the function's first assignment, says
+    otherwise); DeepSeek-V3 on GB300 recomputes nothing from 26.06, on GB200 at 26.04 the dense
+    layers' MLPs only. RECOMPUTE_SETTINGS win over the recipe here and the notes, outside the split."""
+    from bench.published_table import priced, recompute_settings
+
+    none = ["model.recompute_granularity=None", "model.recompute_modules=None"]
+    assert recompute_settings("GPT-OSS 120B", "GB300", "bf16", 26.04) == none
+    assert recompute_settings("GPT-OSS 120B", "GB200", "fp8_mx", 26.08) == none
+    assert recompute_settings("GPT-OSS 120B", "GB200", "bf16", 26.0401)[1].endswith(
+        "=layernorm,moe_act"
+    )
+    assert recompute_settings("Qwen3 235B-A22B", "GB200", "bf16", 26.04) == []
+    runs = {r.id: r for r in load()[0]}
+    expected = {
+        "mb2608-gptoss120b-gb200-fp8mx-64": (None, None),
+        "mb260401-gptoss120b-gb300-bf16-64": (None, None),
+        "mb260401-gptoss120b-h100-bf16-64": ("selective", "layernorm,moe_act"),
+        "mb2608-deepseekv3-gb300-fp8mx-256": (None, None),
+        "mb2604-deepseekv3-gb200-fp8mx-256": ("selective", "mlp"),
+        "mb2511-deepseekv3-gb300-bf16-256": ("selective", "moe_act"),
+    }
+    for run_id, recompute in expected.items():
+        run = runs[run_id]
+        m = priced(run)[0].model
+        assert (m.recompute_granularity, m.recompute_modules) == recompute, run_id
+        assert any(o.startswith("model.recompute_granularity=") for o in run.settings)
+        assert run.overrides[-len(run.settings) :] == list(run.settings)
+
+
 def test_nvidias_b300_runs_cross_nodes_at_a_400_gbit_nics_rate() -> None:
     """GPT-OSS 120B in BF16 at EP 64 over 8 nodes (Megatron-Bridge 26.02) ran 8,047 tokens/s/GPU
     on B200s and 8,359 on B300s. Priced on the network SYSTEMS gives NVIDIA's B300s (50 GB/s), the
