@@ -77,9 +77,9 @@ class TableRun:
     layout: tuple[int, int, int | None, int, int, int]
     network_gb_s: float | None = None  # SYSTEMS': the network NVIDIA's runs show, else None
     overrides: list[str] = field(default_factory=list)
-    # Those of `overrides` that MOE_SETTINGS and OFFLOAD_SETTINGS gave (the release's dispatcher,
-    # overlap and offloading): priced, but not part of the configuration, so that learning them
-    # moved no run across the split.
+    # Those of `overrides` that the release's settings gave (MOE_SETTINGS, FUSED_SETTINGS,
+    # RECOMPUTE_SETTINGS, OFFLOAD_SETTINGS, the loss and the layout): priced, but not part of the
+    # configuration, so that learning them moved no run across the split.
     settings: tuple[str, ...] = ()
 
     @property
