@@ -60,9 +60,7 @@ def test_the_planner_offers_them_beside_the_balanced_layout() -> None:
     assert _pipelines(cfg, 1) == [(None, None)]  # one stage: Megatron-Core's, no layout
 
 
-def test_the_planner_offers_more_chunks_than_layers_where_the_embedding_and_loss_fill_them() -> (
-    None
-):
+def test_the_planner_offers_more_chunks_than_layers() -> None:
     """Megatron-Bridge runs Llama 3.1 405B (126 layers) at PP 16 VP 8 on GB200s (26.06, FP8 and
     NVFP4): 128 chunks, the embedding and the loss one each. The planner offered no more chunks
     than layers; Megatron-Core's parser and validation accept the layout."""
