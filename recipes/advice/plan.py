@@ -419,12 +419,10 @@ def _fitting(
             return None
         memory = estimate_memory(work, cluster, derived)
         if on_gpu:
-            return (
-                (derived, memory)
-                if fits(memory.total_gib, cluster.spec.memory_gib, margin)
-                else None
-            )
-        return (derived, memory) if fits_memory(memory, cluster.spec, margin) else None
+            ok = fits(memory.total_gib, cluster.spec.memory_gib, margin)
+        else:
+            ok = fits_memory(memory, cluster.spec, margin)
+        return (derived, memory) if ok else None
 
     if not recomputes or fitting(len(recomputes) - 1, on_gpu=ordered) is None:
         return

@@ -106,7 +106,8 @@ def _pipelines(cfg: TrainingConfig, pp: int) -> list[tuple[int | None, str | Non
     m = cfg.model
     mtp = m.mtp_num_layers or 0
     out: list[tuple[int | None, str | None]] = []
-    for chunks in range(pp, m.num_layers + mtp + 2 + 1, pp):
+    units = m.num_layers + mtp + 2  # layouts.balanced's: the embedding and the loss a place each
+    for chunks in range(pp, units + 1, pp):
         vpp = chunks // pp if chunks > pp else None
         if vpp is not None and pp < 2:
             break
