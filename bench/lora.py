@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config.cost.memory import count_parameters, estimate_memory, lora_parameters  # noqa: E402
+from config.cost.layers import lora_parameters  # noqa: E402
+from config.cost.memory import count_parameters, estimate_memory  # noqa: E402
 from config.rules import derive  # noqa: E402
 from recipes.registry import resolve  # noqa: E402
 

@@ -21,7 +21,8 @@ from functools import lru_cache
 from itertools import combinations
 from math import comb
 
-from config.schema import ModelConfig, is_gated, selective_modules
+from config.lora import targets
+from config.schema import ModelConfig, TrainingConfig, is_gated, selective_modules
 
 
 def head_dim(m: ModelConfig) -> int:
@@ -293,3 +294,30 @@ def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domain
                 missed *= comb(rest - inside, more) / comb(rest, more)
             touched += 1 - missed
     return touched / len(picks) * (domains - 1) / domains
+
+
+def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
+    """Adapter parameters of one layer on one TP rank (peft.scheme=lora, training/lora.py).
+
+    A column-parallel layer keeps A [rank, in] whole and splits B [out / TP, rank]; a row-parallel
+    one splits A [rank, in / TP] and keeps B [out, rank] whole. The MLP's layers exist in a MoE
+    layer only as its shared expert (routed experts are not adapted).
+    """
+    m, tp, rank = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.peft.rank
+    d = head_dim(m)
+    hq = m.num_attention_heads * d
+    qkv = hq + 2 * (m.num_query_groups or m.num_attention_heads) * d
+    ffn = m.moe_shared_expert_intermediate_size if moe else m.ffn_hidden_size
+    gated = 2 if is_gated(m) else 1
+    h = m.hidden_size
+    column = {"linear_qkv": (h, qkv), "linear_fc1": (h, gated * (ffn or 0))}
+    row = {"linear_proj": (hq, h), "linear_fc2": (ffn or 0, h)}
+    total = 0.0
+    for name in targets(cfg.peft.target_modules):
+        if name in column and column[name][1]:
+            fan_in, fan_out = column[name]
+            total += rank * fan_in + fan_out / tp * rank
+        elif name in row and row[name][0]:
+            fan_in, fan_out = row[name]
+            total += rank * fan_in / tp + fan_out * rank
+    return total

@@ -2,8 +2,8 @@
 
 `recipes check` answers in well under a second on a login node, so nothing here imports torch,
 Megatron-Core or NeMo-Run. The numbers model Megatron-Core with Transformer Engine (TE) on GPUs;
-tests/unit/config/test_estimate.py calibrates them on NVIDIA's published layouts
-(tests/support/published_runs.py), which all ran on 80 GB H100s and so must be predicted to fit.
+tests/unit/config/test_memory_measured.py holds them to the peaks Megatron-LM measured on its own
+functional tests, tests/unit/config/test_estimate.py to NVIDIA's published H100 layouts (fit).
 
 Memory per GPU is worked out for every pipeline rank; the largest total is reported, because the
 job runs out of memory on its most loaded rank.
@@ -49,8 +49,8 @@ job runs out of memory on its most loaded rank.
 - CPU activation offloading (model.cpu_offloading_num_layers = n): the first n decoder layers'
   activations leave for host memory as soon as each layer's forward ends; the GPU holds the
   other layers' and one offloaded layer's on its way out or back (config/cost/offload.py).
-- Logits: the rank with 'L' holds s x b x padded_vocab / TP in FP32 (4 bytes) for the cross
-  entropy plus the BF16 copy (2 bytes), once more per multi-token-prediction layer.
+- Logits: the rank with 'L' holds s x b x padded_vocab / TP x `logit_bytes` (the loss's BF16
+  logits and its FP32 tensors), once more per multi-token-prediction layer.
 - The optimizer step (activations and logits freed): with 16-bit gradients, each FP32 master gets
   an FP32 copy of its gradient (Megatron-Core's `.float()`), 4 bytes per parameter of the shard;
   the peak is the larger of the two (measured on an H200, BENCHMARKS.md).
@@ -66,9 +66,8 @@ from config.cost import layers
 from config.finalize import Derived, padded_vocab_size
 from config.hardware import Cluster, GpuSpec
 from config.layout import warmup_forwards
-from config.lora import targets
 from config.precision import PrecisionPreset
-from config.schema import ModelConfig, TrainingConfig, VisionConfig, is_gated
+from config.schema import ModelConfig, TrainingConfig, VisionConfig
 from config.tree import in_range
 
 GIB = 2**30
@@ -87,12 +86,17 @@ MEMORY_MARGIN = 0.08
 HOST_SHARE = 0.8
 
 
-def logit_bytes(cfg: TrainingConfig, cluster: Cluster) -> float:
-    """Bytes per logit (one token, one vocabulary entry) the loss holds at its peak: 2 in TE's
-    fused cross entropy (model.cross_entropy_fusion_impl=te, with TE's layers), in place on the
-    BF16 logits; 6 in Megatron-Core's, fused or not: an FP32 copy (its softmax) beside them."""
-    te = cfg.model.cross_entropy_fusion_impl == "te" and te_layers(cfg, cluster)
-    return 2.0 if te else 6.0
+def logit_bytes(cfg: TrainingConfig, cluster: Cluster, peak: bool = True) -> float:
+    """Bytes per logit (a token's vocabulary entry) the loss holds at its peak. With TE's layers
+    it is fused (models/gpt.py): TE's (model.cross_entropy_fusion_impl=te) in place on the BF16
+    logits, 2; Megatron-Core's 10, an FP32 tensor more than the unfused loss the CPU runs (6: the
+    logits and an FP32 copy made the softmax in place), as Megatron-LM measured (test_memory_measured).
+    `peak=False`: the logits' copies a pass of the loss moves (the step time's unit), 6 and 2."""
+    if not te_layers(cfg, cluster):
+        return 6.0
+    if cfg.model.cross_entropy_fusion_impl == "te":
+        return 2.0
+    return 10.0 if peak else 6.0
 
 
 def memory_limit_gib(gpu_memory_gib: float, margin: float = MEMORY_MARGIN) -> float:
@@ -310,33 +314,6 @@ class MemoryEstimate:
     step_gib: float = 0.0  # the optimizer step's FP32 gradient copies (peak: this or acts + logits)
 
 
-def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
-    """Adapter parameters of one layer on one TP rank (peft.scheme=lora, training/lora.py).
-
-    A column-parallel layer keeps A [rank, in] whole and splits B [out / TP, rank]; a row-parallel
-    one splits A [rank, in / TP] and keeps B [out, rank] whole. The MLP's layers exist in a MoE
-    layer only as its shared expert (routed experts are not adapted).
-    """
-    m, tp, rank = cfg.model, cfg.parallel.tensor_model_parallel_size, cfg.peft.rank
-    d = layers.head_dim(m)
-    hq = m.num_attention_heads * d
-    qkv = hq + 2 * (m.num_query_groups or m.num_attention_heads) * d
-    ffn = m.moe_shared_expert_intermediate_size if moe else m.ffn_hidden_size
-    gated = 2 if is_gated(m) else 1
-    h = m.hidden_size
-    column = {"linear_qkv": (h, qkv), "linear_fc1": (h, gated * (ffn or 0))}
-    row = {"linear_proj": (hq, h), "linear_fc2": (ffn or 0, h)}
-    total = 0.0
-    for name in targets(cfg.peft.target_modules):
-        if name in column and column[name][1]:
-            fan_in, fan_out = column[name]
-            total += rank * fan_in + fan_out / tp * rank
-        elif name in row and row[name][0]:
-            fan_in, fan_out = row[name]
-            total += rank * fan_in / tp + fan_out * rank
-    return total
-
-
 def fp8_weight_bytes(preset: PrecisionPreset | None, spec: GpuSpec) -> float:
     """Bytes of TE's cached low-precision copy of one decoder weight (module docstring)."""
     recipe = preset.fp8_recipe if preset is not None else None
@@ -386,8 +363,10 @@ def layer_saved_bytes(cfg: TrainingConfig, derived: Derived, moe: bool) -> float
     return tokens * (outside / sp_div + inside / tp)
 
 
-def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> MemoryEstimate:
-    """Predicted memory per GPU on the most loaded pipeline rank.
+def estimate_memory(
+    cfg: TrainingConfig, cluster: Cluster, derived: Derived, on_rank: int | None = None
+) -> MemoryEstimate:
+    """Predicted memory per GPU on the most loaded pipeline rank, or on pipeline rank `on_rank`.
 
     The cluster enters through `derived` and its GPU kind's FP8 weight copies (fp8_weight_bytes);
     on the CPU (memory_gib inf) as on Hopper.
@@ -423,7 +402,7 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
     lora = cfg.peft.scheme == "lora"  # the base frozen: weights only; the adapters train
     frozen_lm = lora or (m.vision is not None and m.vision.freeze_language)
     lm = "frozen" if frozen_lm else "dense"  # where LM params go
-    adapters = {moe: lora_parameters(cfg, moe) for moe in (False, True)} if lora else None
+    adapters = {moe: layers.lora_parameters(cfg, moe) for moe in (False, True)} if lora else None
     # Per rank: dense (optimizer over DP x CP), expert (over expert DP), frozen (weights only),
     # decoder (layer params, which FP8 caches), working (full recompute's rebuilt layers, or the
     # offloaded layer in transit), logits, host (the offloaded layers' activations, pinned).
@@ -496,4 +475,6 @@ def estimate_memory(cfg: TrainingConfig, cluster: Cluster, derived: Derived) -> 
         total = w + g + o + max(a + lg, step) + OVERHEAD_GIB
         shape = (round(params), sum(counts) / vpp, rank, r["host"] / GIB, step)
         estimates.append(MemoryEstimate(w, g, o, a, lg, OVERHEAD_GIB, total, *shape))
+    if on_rank is not None:
+        return estimates[on_rank]
     return max(estimates, key=lambda e: e.total_gib)  # the first of the most loaded ranks

@@ -22,7 +22,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   less what windowed layers skip and Gated DeltaNet layers lack (`layers.attention_share`).
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
-  the loss likewise over its logits (`logit_bytes`: Megatron-Core's cross entropy or TE's).
+  the loss likewise over its logits' BF16 and FP32 copies (`logit_bytes(peak=False)`: 6 bytes in
+  Megatron-Core's cross entropy, 2 in TE's).
 - tp: 8 collectives of the layer's activations (4 forward, 4 backward) across TP, a share exposed.
 - cp: parallel.cp_comm_type's exchange across CP: the ring of keys and values (and gradients),
   less what attention hides; the alltoalls of Q, K, V and the output (a2a: attention then runs on
@@ -318,7 +319,7 @@ def layer_costs(
     vocab = derived.padded_vocab_size
     output = {
         "gemm": gemm(6 * tokens * vocab * h / t, tokens, vocab / t, h, large),
-        "memory": k["memory_passes"] * tokens * vocab / t * logit_bytes(cfg, cluster) / hbm,
+        "memory": k["memory_passes"] * tokens * vocab / t * logit_bytes(cfg, cluster, False) / hbm,
     }
     if cfg.peft.scheme == "lora":  # frozen weights: no weight-gradient GEMMs, 4 of the 6 FLOPs
         for part in {id(p): p for p in (dense, layer, output)}.values():  # layer is dense's

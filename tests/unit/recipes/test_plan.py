@@ -128,9 +128,9 @@ def test_offloading_stops_where_the_host_is_full(monkeypatch: pytest.MonkeyPatch
     planner tries each count that fits both, fewest first, as `check` finds trying them all, also
     where offloading all but one overflows the host (Megatron-Bridge's Llama 3.1 405B on 128 GB200s
     offloads 95 of its 126 layers; the planner found no offloading there when 125 overflowed)."""
-    monkeypatch.setitem(GPUS, "gh200-small-host", replace(GPUS["gh200"], host_memory_gib=70.0))
+    monkeypatch.setitem(GPUS, "gh200-small-host", replace(GPUS["gh200"], host_memory_gib=40.0))
     cluster = Cluster(1, 4, "gh200-small-host")
-    _, cfg = resolve("llama3_8b_pretrain", ["model.seq_length=16384"])
+    _, cfg = resolve("llama3_8b_pretrain", [])
     cfg.optimizer.use_distributed_optimizer = True
     shape = next(s for s in shapes(cfg, cluster, {}) if (s.tp, s.pp, s.cp) == (1, 1, 1))
     choices = offload_choices(cfg, shape, {}, True)
