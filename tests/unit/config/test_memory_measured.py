@@ -1,5 +1,5 @@
 """The memory estimate against the peaks Megatron-LM measured on its own functional tests
-(tests/support/megatron_memory.py): 21 runs on H100s, two of them also on A100s and GB200s, from a
+(tests/support/megatron_memory.py): 22 runs on H100s, two of them also on A100s and GB200s, from a
 12-layer GPT of 512 to a 7B of 4096 at 8k tokens, over TP, PP, interleaving, CP, SP, the
 distributed optimizer, full recompute, the fused loss and MoE with EP, ETP and grouped GEMMs.
 
