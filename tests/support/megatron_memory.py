@@ -7,8 +7,9 @@ paths, learning rates and checkpoint formats) and its golden values (golden_valu
 .json). Megatron-LM's training loop logs `mem-max-allocated-bytes` (torch.cuda.memory_stats()
 "allocated_bytes.all.peak") and `mem-allocated-bytes` (".current", after the optimizer step) on the
 last rank, which writes TensorBoard (global_vars.py: rank world_size - 1): the last pipeline stage.
-Each run has 8 GPUs (tests/test_utils/recipes/h100/gpt.yaml: nodes 1, gpus 8); the largest value
-over the logged iterations is kept. Peak and at-rest values are in bytes, per GPU kind.
+Each run has 8 GPUs (tests/test_utils/recipes/h100/gpt.yaml and moe.yaml: 1 node of 8; gb200/
+gpt.yaml: 2 of 4); the largest value over the logged iterations is kept. Peak and at-rest values
+are in bytes, per GPU kind.
 
 The allocator's peak counts tensors only: not the CUDA context, NCCL's buffers or fragmentation,
 which the estimate's OVERHEAD_GIB adds, but the cuBLAS and TE workspaces (a share of the same).
