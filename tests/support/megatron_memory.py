@@ -282,6 +282,23 @@ def _number(text: str) -> int | float | str:
     return text
 
 
+# The flags `overrides` and `fused_loss` read; --attention-backend only as "flash" (the fused
+# attention the estimate prices: no score matrix).
+FLAGS = frozenset(
+    """--attention-backend --attention-dropout --context-parallel-size --cross-entropy-loss-fusion
+    --disable-bias-linear --expert-model-parallel-size --expert-tensor-parallel-size
+    --ffn-hidden-size --global-batch-size --group-query-attention --hidden-dropout --hidden-size
+    --kv-channels --micro-batch-size --moe-aux-loss-coeff --moe-ffn-hidden-size --moe-grouped-gemm
+    --moe-router-load-balancing-type --moe-router-topk --moe-shared-expert-intermediate-size
+    --moe-token-dispatcher-type --normalization --num-attention-heads --num-experts --num-layers
+    --num-layers-per-virtual-pipeline-stage --num-query-groups
+    --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-size
+    --position-embedding-type --qk-layernorm --recompute-granularity --recompute-method
+    --recompute-num-layers --seq-length --sequence-parallel --swiglu --tensor-model-parallel-size
+    --untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size""".split()
+)
+
+
 def overrides(run: MeasuredRun) -> list[str]:
     """The run as `key=value` overrides of a catalog recipe: Megatron-LM's defaults where an
     argument is absent (LayerNorm, GELU MLP of 4 h, learned positions, biases, tied embeddings,
@@ -289,6 +306,11 @@ def overrides(run: MeasuredRun) -> list[str]:
     accumulation with BF16), GPT-2's vocabulary (50,257: the tests read its vocab.json) without
     --vocab-size, and sequence parallelism off at TP 1 (Megatron-LM turns it off there)."""
     a = args(run)
+    unread = sorted(set(a) - FLAGS) + (
+        ["--attention-backend"] if a.get("--attention-backend", "flash") != "flash" else []
+    )
+    if unread:
+        raise ValueError(f"{run.case}: flags the translation does not read: {unread}")
     h, heads, layers = a["--hidden-size"], a["--num-attention-heads"], a["--num-layers"]
     tp, pp = a.get("--tensor-model-parallel-size", 1), a.get("--pipeline-model-parallel-size", 1)
     swiglu = bool(a.get("--swiglu"))

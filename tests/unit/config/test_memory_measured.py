@@ -71,6 +71,15 @@ def test_the_held_out_allgather_run_is_what_the_support_module_says() -> None:
     assert peak - tensors - gathered == pytest.approx(0.25, abs=0.1)  # the grouped GEMMs' gap
 
 
+def test_a_flag_the_translation_does_not_read_is_refused() -> None:
+    run = next(r for r in RUNS if "cp2" in r.case)
+    unfused = MeasuredRun(run.case, run.flags.replace("flash", "unfused"), {}, {})
+    offloaded = MeasuredRun(run.case, run.flags + " --fine-grained-activation-offloading", {}, {})
+    for bad, flag in ((unfused, "--attention-backend"), (offloaded, "--fine-grained")):
+        with pytest.raises(ValueError, match=flag):
+            overrides(bad)
+
+
 def test_the_runs_are_the_configs_megatron_ran() -> None:
     """The translation keeps what sizes memory: the 7B's parameters on the last pipeline rank
     (8 layers of 176.2M and the untied output layer of 131,200 x 4096) and its microbatches."""
