@@ -9,7 +9,9 @@ paths, learning rates and checkpoint formats) and its golden values (golden_valu
 last rank, which writes TensorBoard (global_vars.py: rank world_size - 1): the last pipeline stage.
 Each run has 8 GPUs (tests/test_utils/recipes/h100/gpt.yaml and moe.yaml: 1 node of 8; gb200/
 gpt.yaml: 2 of 4); the largest value over the logged iterations is kept. Peak and at-rest values
-are in bytes, per GPU kind.
+are in bytes, per GPU kind. Each builds Transformer Engine's layers with a fused attention kernel
+(--transformer-impl transformer_engine), as the engine does on GPUs; runs with Megatron-Core's
+local layers, unfused attention, FSDP, offloading, CUDA graphs, Muon or FP16 are not taken.
 
 The allocator's peak counts tensors only: not the CUDA context, NCCL's buffers or fragmentation,
 which the estimate's OVERHEAD_GIB adds, but the cuBLAS and TE workspaces (a share of the same).
