@@ -71,8 +71,8 @@ RUNS = [
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 1 --use-distributed-optimizer",
-        peak_bytes={"h100": 2691792384},
-        rest_bytes={"h100": 581489664},
+        peak_bytes={"h100": 2691792384, "gb200": 2743026176},
+        rest_bytes={"h100": 581489664, "gb200": 581489664},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp1_pp1_resume_torch_dist_uniform_full_recompute",
@@ -80,32 +80,32 @@ RUNS = [
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 1 --recompute-granularity full --recompute-method "
         "uniform --recompute-num-layers 1",
-        peak_bytes={"h100": 2561334272},
-        rest_bytes={"h100": 1259751936},
+        peak_bytes={"h100": 2561334272, "gb200": 2562382848},
+        rest_bytes={"h100": 1259751936, "gb200": 1259751936},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp1_pp2_resume_torch_dist_rope_embeddings",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 2 --position-embedding-type rope",
-        peak_bytes={"h100": 2598238208},
-        rest_bytes={"h100": 919557120},
+        peak_bytes={"h100": 2598238208, "gb200": 2623387648},
+        rest_bytes={"h100": 919557120, "gb200": 923849728},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp1_pp4_resume_torch_dist_swiglu",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 4 --swiglu",
-        peak_bytes={"h100": 2211485184},
-        rest_bytes={"h100": 745732608},
+        peak_bytes={"h100": 2211485184, "gb200": 2235816960},
+        rest_bytes={"h100": 745732608, "gb200": 762837504},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp1_pp4_resume_torch_dist_untie_embeddings_and_outputs",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 4 --untie-embeddings-and-output-weights",
-        peak_bytes={"h100": 2210100224},
-        rest_bytes={"h100": 745395712},
+        peak_bytes={"h100": 2210100224, "gb200": 2222684160},
+        rest_bytes={"h100": 745395712, "gb200": 746444288},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp1_pp4_vp1_resume_torch_dist",
@@ -121,8 +121,8 @@ RUNS = [
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 1 "
         "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 "
         "--use-distributed-optimizer",
-        peak_bytes={"h100": 2432144384},
-        rest_bytes={"h100": 552065536},
+        peak_bytes={"h100": 2432144384, "gb200": 2480714752},
+        rest_bytes={"h100": 552065536, "gb200": 567196160},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp2_pp1_resume_torch_dist_cp2_nondeterministic",
@@ -130,8 +130,8 @@ RUNS = [
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 2 "
         "--pipeline-model-parallel-size 1 --context-parallel-size 2 --sequence-parallel "
         "--hidden-dropout 0.0 --attention-dropout 0.0 --attention-backend flash",
-        peak_bytes={"h100": 1233807360},
-        rest_bytes={"h100": 691715584},
+        peak_bytes={"h100": 1233807360, "gb200": 1230661120},
+        rest_bytes={"h100": 691715584, "gb200": 690404864},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp2_pp2_cp2",
@@ -140,48 +140,48 @@ RUNS = [
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
         "--context-parallel-size 2 --sequence-parallel --hidden-dropout 0.0 "
         "--attention-dropout 0.0 --attention-backend flash",
-        peak_bytes={"h100": 935253504},
-        rest_bytes={"h100": 510689792},
+        peak_bytes={"h100": 935253504, "gb200": 938399232},
+        rest_bytes={"h100": 510689792, "gb200": 510689792},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 2 "
         "--pipeline-model-parallel-size 2",
-        peak_bytes={"h100": 1428171264},
-        rest_bytes={"h100": 517243392},
+        peak_bytes={"h100": 1428171264, "gb200": 1439181312},
+        rest_bytes={"h100": 517243392, "gb200": 514884096},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 2 "
         "--pipeline-model-parallel-size 2 --cross-entropy-loss-fusion",
-        peak_bytes={"h100": 1837640192},
-        rest_bytes={"h100": 514359808},
+        peak_bytes={"h100": 1837640192, "gb200": 1838393856},
+        rest_bytes={"h100": 514359808, "gb200": 514359808},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp4_pp1_resume_torch_dist_dist_optimizer_overlap_grad_reduce",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 4 "
         "--pipeline-model-parallel-size 1 --use-distributed-optimizer",
-        peak_bytes={"h100": 1042465280},
-        rest_bytes={"h100": 299204096},
+        peak_bytes={"h100": 1042465280, "gb200": 1059371008},
+        rest_bytes={"h100": 299204096, "gb200": 299204096},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp4_pp1_resume_torch_dist_qk_layernorm_test_mode",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 4 "
         "--pipeline-model-parallel-size 1 --qk-layernorm",
-        peak_bytes={"h100": 1177314304},
-        rest_bytes={"h100": 398273024},
+        peak_bytes={"h100": 1177314304, "gb200": 1185178624},
+        rest_bytes={"h100": 398273024, "gb200": 397748736},
     ),
     MeasuredRun(
         "gpt/gpt3_mcore_te_tp4_pp2_resume_torch_dist_reshard_8x1xNone",
         "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --micro-batch-size 4 "
         "--global-batch-size 32 --seq-length 1024 --tensor-model-parallel-size 4 "
         "--pipeline-model-parallel-size 2 --use-distributed-optimizer",
-        peak_bytes={"h100": 844288512},
-        rest_bytes={"h100": 311828992},
+        peak_bytes={"h100": 844288512, "gb200": 793956864},
+        rest_bytes={"h100": 311828992, "gb200": 261759488},
     ),
     MeasuredRun(
         "moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic",
@@ -191,8 +191,8 @@ RUNS = [
         "--hidden-dropout 0.0 --attention-dropout 0.0 --num-experts 4 "
         "--moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --attention-backend "
         "flash --disable-bias-linear",
-        peak_bytes={"h100": 2061327360},
-        rest_bytes={"h100": 1156796416},
+        peak_bytes={"h100": 2061327360, "gb200": 2058651648},
+        rest_bytes={"h100": 1156796416, "gb200": 1155676160},
     ),
     MeasuredRun(
         "moe/gpt3_mcore_te_tp1_pp2_resume_torch_dist_reshard_2x1x4_te_8experts2parallel_dist_optimizer",
@@ -201,8 +201,8 @@ RUNS = [
         "--pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel "
         "--num-experts 8 --use-distributed-optimizer --moe-router-load-balancing-type "
         "sinkhorn --moe-router-topk 1 --disable-bias-linear",
-        peak_bytes={"h100": 2834290176},
-        rest_bytes={"h100": 1016926720},
+        peak_bytes={"h100": 2834290176, "gb200": 2829482496},
+        rest_bytes={"h100": 1016926720, "gb200": 1014760960},
     ),
     MeasuredRun(
         "moe/gpt3_mcore_te_tp2_pp1_resume_torch_dist_te_8experts2parallel_dist_optimizer",
@@ -211,8 +211,8 @@ RUNS = [
         "--pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --sequence-parallel "
         "--num-experts 8 --use-distributed-optimizer --moe-router-load-balancing-type "
         "sinkhorn --moe-router-topk 1 --disable-bias-linear",
-        peak_bytes={"h100": 2159231488},
-        rest_bytes={"h100": 892871680},
+        peak_bytes={"h100": 2159231488, "gb200": 2191795712},
+        rest_bytes={"h100": 892871680, "gb200": 892875264},
     ),
     MeasuredRun(
         "moe/gpt3_mcore_te_tp2_pp1_frozen_resume_torch_dist_te_8experts2parallel_groupedGEMM",
@@ -232,8 +232,8 @@ RUNS = [
         "--expert-model-parallel-size 2 --sequence-parallel --num-experts 4 "
         "--moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --attention-backend "
         "flash --disable-bias-linear",
-        peak_bytes={"h100": 1114966528},
-        rest_bytes={"h100": 628506624},
+        peak_bytes={"h100": 1114966528, "gb200": 1114732032},
+        rest_bytes={"h100": 628506624, "gb200": 627720704},
     ),
     MeasuredRun(
         "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer",
@@ -244,8 +244,8 @@ RUNS = [
         "--num-experts 8 --use-distributed-optimizer --moe-token-dispatcher-type alltoall "
         "--moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-ffn-hidden-size "
         "1024 --moe-shared-expert-intermediate-size 512 --moe-grouped-gemm",
-        peak_bytes={"h100": 1149626368},
-        rest_bytes={"h100": 628064768},
+        peak_bytes={"h100": 1149626368, "gb200": 1155870208},
+        rest_bytes={"h100": 628064768, "gb200": 628064768},
     ),
 ]
 

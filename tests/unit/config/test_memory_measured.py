@@ -1,6 +1,6 @@
 """The memory estimate against the peaks Megatron-LM measured on its own functional tests
-(tests/support/megatron_memory.py): 22 runs on H100s, two of them also on A100s and GB200s, from a
-12-layer GPT of 512 to a 7B of 4096 at 8k tokens, over TP, PP, interleaving, CP, SP, the
+(tests/support/megatron_memory.py): 22 runs on H100s, 20 of them also on GB200s and two on A100s,
+from a 12-layer GPT of 512 to a 7B of 4096 at 8k tokens, over TP, PP, interleaving, CP, SP, the
 distributed optimizer, full recompute, the fused loss and MoE with EP, ETP and grouped GEMMs.
 
 The allocator's peak counts tensors and the cuBLAS and TE workspaces; the estimate's OVERHEAD_GIB
