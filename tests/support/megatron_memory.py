@@ -19,7 +19,8 @@ which the estimate's OVERHEAD_GIB adds, but the cuBLAS and TE workspaces (a shar
 Not held here: moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer (EP_ALLGATHER below),
 whose allgather dispatcher over EP 8 peaks 0.6 GiB above the estimated tensors, about the gathered
 tokens of each of its 12 layers (8 x 4096 x 512 x 2 bytes); the estimate prices that dispatcher's
-activations as the alltoall one's, and no recipe here uses it.
+activations as the alltoall one's. The runs above on it over EP 2 are held; the catalog's GPU
+recipes run alltoall or flex (allgather only shrunk on the CPU, where no memory is judged).
 """
 
 from __future__ import annotations
