@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from config.cost.memory import MemoryEstimate
+    from config.hardware import Cluster
+    from config.schema import TrainingConfig
 
 GIB = 2**30
 SOURCE = "NVIDIA/Megatron-LM@d98e8a64dd tests/functional_tests/test_cases"
@@ -392,6 +394,17 @@ def short(case: str) -> str:
     return re.sub(r"^(gpt|moe)/(gpt3_)?", "", case)
 
 
+def configured(run: MeasuredRun, kind: str) -> tuple[TrainingConfig, Cluster]:
+    """The run as a config of a catalog recipe, on the cluster it ran on: 8 GPUs of `kind`."""
+    from launchers.jobsize import JobSize, job_cluster
+    from recipes.registry import resolve
+
+    recipe, cfg = resolve("llama3_8b_pretrain", overrides(run))
+    gpu, per_node = KINDS[kind]
+    size = JobSize(nodes=8 // per_node, gpus_per_node=per_node, gpu=gpu)
+    return cfg, job_cluster(recipe.cluster, None, size)
+
+
 def estimated(run: MeasuredRun, kind: str) -> tuple[MemoryEstimate, float]:
     """The estimate for the run's last pipeline rank, where Megatron-LM measured, on 8 GPUs of
     `kind`, and the tensors of it the allocator counts, in GiB: all but OVERHEAD_GIB, with the
@@ -399,13 +412,8 @@ def estimated(run: MeasuredRun, kind: str) -> tuple[MemoryEstimate, float]:
     holds 6 bytes a logit)."""
     from config.cost.memory import estimate_memory, logit_bytes
     from config.rules import derive
-    from launchers.jobsize import JobSize, job_cluster
-    from recipes.registry import resolve
 
-    recipe, cfg = resolve("llama3_8b_pretrain", overrides(run))
-    gpu, per_node = KINDS[kind]
-    size = JobSize(nodes=8 // per_node, gpus_per_node=per_node, gpu=gpu)
-    cluster = job_cluster(recipe.cluster, None, size)
+    cfg, cluster = configured(run, kind)
     last = cfg.parallel.pipeline_model_parallel_size - 1
     mem = estimate_memory(cfg, cluster, derive(cfg, cluster), on_rank=last)
     logits = mem.logits_gib * (1 if fused_loss(run) else 6 / logit_bytes(cfg, cluster))

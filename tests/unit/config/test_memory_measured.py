@@ -15,13 +15,12 @@ import pytest
 
 from config.cost.memory import OVERHEAD_GIB, estimate_memory
 from config.rules import derive
-from launchers.jobsize import JobSize, job_cluster
-from recipes.registry import resolve
 from tests.support.megatron_memory import (
     EP_ALLGATHER,
     GIB,
     RUNS,
     MeasuredRun,
+    configured,
     estimated,
     fused_loss,
     overrides,
@@ -84,8 +83,7 @@ def test_the_runs_are_the_configs_megatron_ran() -> None:
     """The translation keeps what sizes memory: the 7B's parameters on the last pipeline rank
     (8 layers of 176.2M and the untied output layer of 131,200 x 4096) and its microbatches."""
     run = next(r for r in RUNS if r.case.endswith("7b_tp1_pp4_memory_speed"))
-    recipe, cfg = resolve("llama3_8b_pretrain", overrides(run))
-    cluster = job_cluster(recipe.cluster, None, JobSize(nodes=1, gpus_per_node=8, gpu="h100"))
+    cfg, cluster = configured(run, "h100")
     derived = derive(cfg, cluster)
     assert derived.data_parallel_size == 2 and derived.num_microbatches == 4
     assert derived.padded_vocab_size == 131200 and len(derived.pipeline_chunks) == 32
