@@ -12,6 +12,10 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py --noise                # the table's own spread across
                                                      # releases of one configuration
 
+--table also says which way the planner's first layout differs where the published one is not in
+its five best (`missed`), and how the predicted gain of FP8 over BF16 compares with NVIDIA's where
+one layout ran in both in one release (`precisions`).
+
 How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
 expert_half_dim). --search moves one constant at a time by 10% while the loss (median
@@ -103,6 +107,7 @@ def evaluate(
         "rank": rank,
         "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
         "best": plans[0].shape.describe() if plans else "-",
+        "first": _shape(plans[0]) if plans else None,  # (TP, PP, VPP, CP, EP)
         "ranked": ranked,
         "bottleneck": step.bottleneck,
     }
@@ -174,6 +179,46 @@ def scaling(rows: list[dict]) -> list[tuple[str, float, float]]:
             measured = large["run"].tokens_per_s_per_gpu / small["run"].tokens_per_s_per_gpu
             name = f"{model}, {system} {precision}, {_gpus(small)} -> {_gpus(large)} ({software})"
             out.append((name, measured, large["predicted"] / small["predicted"]))
+    return out
+
+
+def precisions(rows: list[dict]) -> list[tuple[str, bool, float, float]]:
+    """Where NVIDIA ran one layout of one model on one GPU count and kind, in one release, in BF16
+    and in a lower precision: (the pair, whether the model has experts, measured, predicted)
+    tokens/s/GPU of the lower precision over BF16. The GEMM rates' ratio and the casts against
+    the choice a user makes, apart from the error every other term shares."""
+    pairs: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        run = r["run"]
+        key = (run.model, run.system, run.gpus, run.layout, run.software)
+        pairs.setdefault(key, {})[run.precision] = r
+    out = []
+    for (model, system, gpus, _, software), members in pairs.items():
+        if "bf16" not in members:
+            continue
+        base = members.pop("bf16")
+        moe = bool(priced(base["run"])[0].model.num_moe_experts)
+        for precision, r in sorted(members.items()):
+            measured = r["run"].tokens_per_s_per_gpu / base["run"].tokens_per_s_per_gpu
+            name = f"{model}, {gpus} {system}, {precision} over bf16 ({software})"
+            out.append((name, moe, measured, r["predicted"] / base["predicted"]))
+    return out
+
+
+def missed(rows: list[dict]) -> dict[str, int]:
+    """The ranked runs whose published layout is not in the planner's five best, even counting
+    ties, by how the planner's first layout differs: fewer or more pipeline stages, else the
+    same stages split otherwise (VPP), else another TP, CP or EP."""
+    out = {"fewer pipeline stages": 0, "more pipeline stages": 0, "another VPP": 0, "other": 0}
+    for r in rows:
+        if not r["ranked"] or (r["tied"] or TOP + 1) <= 5 or r["first"] is None:
+            continue
+        tp, pp, vpp, cp, ep = r["run"].layout[:5]
+        first = r["first"]
+        if first[1] != pp:
+            out["fewer pipeline stages" if first[1] < pp else "more pipeline stages"] += 1
+        else:
+            out["another VPP" if (first[2] or 1) != (vpp or 1) else "other"] += 1
     return out
 
 
@@ -252,6 +297,16 @@ def _print_rows(rows: list[dict], width: int, gpus: bool) -> None:
             f"{r['run'].name:<{width}}{count} {r['run'].tokens_per_s_per_gpu:>9,.0f} "
             f"{r['predicted']:>9,.0f} {r['error']:>+7.1%} {rank!s:>4} {tied!s:>4}  {name} {share:.0%}"
         )
+
+
+def show_precisions(pairs: list[tuple[str, bool, float, float]]) -> None:
+    """`precisions`' pairs, dense and MoE apart: how many, and the predicted gain's mean error."""
+    print("\na lower precision over BF16, one layout and release (predicted over measured gain):")
+    for moe, kind in ((False, "dense"), (True, "MoE")):
+        errors = [p / m - 1 for _, is_moe, m, p in pairs if is_moe == moe]
+        if errors:
+            print(f"  {kind}: {len(errors)} pairs, mean error {statistics.mean(errors):+.1%}, "
+                  f"mean |error| {statistics.mean(map(abs, errors)):.1%}, max {max(map(abs, errors)):.1%}")  # fmt: skip
 
 
 def show(rows: list[dict]) -> None:
@@ -386,9 +441,11 @@ def main() -> None:
             rows = table(constants, part)
             print(f"\n{title}:")
             show_table(rows)
+            print(f"  not in the top 5 even tied, the planner's first layout has: {missed(rows)}")
         s = summary(table(constants, superseded(), ranked=False))
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
+        show_precisions(precisions(table(constants, load_table()[0], ranked=False)))
         return
     if args.search:
         constants = search(constants, args.rounds)

@@ -24,7 +24,10 @@ import pytest
 
 from bench.plan_calibration import (
     layout_orders,
+    missed,
+    precisions,
     scaling,
+    show_precisions,
     show_table,
     summary,
     table,
@@ -102,6 +105,7 @@ def test_report_and_todays_bounds(
         for title, rows in (("calibration", calibration_rows), ("held out", held_rows)):
             print(f"\n{title}:")
             show_table(rows)
+        print(f"held-out misses, the planner's first layout has: {missed(held_rows)}")
         print("\nlayouts of one model, GPU count, kind and precision (Spearman):")
         for group, n, rho in layout_orders(calibration_rows + held_rows):
             print(f"  {group}: {n} layouts, {rho:+.2f}")
@@ -175,6 +179,29 @@ def test_scaling_a_layout_to_more_gpus_loses_what_nvidia_measured(
     for rows, bound in ((calibration_rows, 0.010), (held_rows, 0.030)):
         errors = [abs(math.log(p / m)) for _, m, p in scaling(rows)]
         assert len(errors) >= 5 and statistics.mean(errors) <= bound
+
+
+def test_a_lower_precision_gains_over_bf16_what_nvidia_measured(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where NVIDIA ran one layout of one model on one cluster in one release in BF16 and in FP8
+    (every priced row, either part or an older release: a ratio, out of which the error the two
+    share cancels), the predicted gain against the measured one. Today's bounds: the dense
+    models' gains are priced without a bias (81 pairs, mean -0.3%, mean |error| 3.0%); the MoE
+    ones are overstated in every pair (9, +19.3% on average: Grok-1 on H100s 1.43x predicted,
+    1.19x to 1.26x measured in five releases; DeepSeek-V3 MXFP8 on 256 GB300s 1.69x, 1.13x).
+    Transformer Engine's FP8 grouped GEMM gains less over BF16 than the dense GEMMs the FP8
+    fractions were fitted on. A fraction of its own, 0.85 of the dense one, was tried
+    (2026-11-30) and not taken: refitted with the MoE constants alone it raised the calibration
+    fit loss from 0.092 to 0.100, with every rate refitted it lowered it only to 0.090."""
+    pairs = precisions(table(dict(perf.VALUES), load()[0], ranked=False))
+    with capsys.disabled():
+        show_precisions(pairs)
+    dense = [p / m - 1 for _, moe, m, p in pairs if not moe]
+    moe = [p / m - 1 for _, moe, m, p in pairs if moe]
+    assert len(dense) >= 80 and abs(statistics.mean(dense)) <= 0.01
+    assert statistics.mean(map(abs, dense)) <= 0.032 and max(map(abs, dense)) <= 0.10
+    assert len(moe) >= 9 and statistics.mean(moe) <= 0.20
 
 
 def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> None:
