@@ -185,8 +185,8 @@ def scaling(rows: list[dict]) -> list[tuple[str, float, float]]:
 def precisions(rows: list[dict]) -> list[tuple[str, bool, float, float]]:
     """Where NVIDIA ran one layout of one model on one GPU count and kind, in one release, in BF16
     and in a lower precision: (the pair, whether the model has experts, measured, predicted)
-    tokens/s/GPU of the lower precision over BF16. The GEMM rates' ratio and the casts against
-    the choice a user makes, apart from the error every other term shares."""
+    tokens/s/GPU of the lower precision over BF16: what choosing the precision gains, apart from
+    the error the two runs share."""
     pairs: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         run = r["run"]
@@ -213,7 +213,7 @@ def missed(rows: list[dict]) -> dict[str, int]:
     for r in rows:
         if not r["ranked"] or (r["tied"] or TOP + 1) <= 5 or r["first"] is None:
             continue
-        tp, pp, vpp, cp, ep = r["run"].layout[:5]
+        _, pp, vpp = r["run"].layout[:3]
         first = r["first"]
         if first[1] != pp:
             out["fewer pipeline stages" if first[1] < pp else "more pipeline stages"] += 1

@@ -189,7 +189,7 @@ def test_a_lower_precision_gains_over_bf16_what_nvidia_measured(
     share cancels), the predicted gain against the measured one. Today's bounds: the dense
     models' gains are priced without a bias (81 pairs, mean -0.3%, mean |error| 3.0%); the MoE
     ones are overstated in every pair (9, +19.3% on average: Grok-1 on H100s 1.43x predicted,
-    1.19x to 1.26x measured in five releases; DeepSeek-V3 MXFP8 on 256 GB300s 1.69x, 1.13x).
+    1.19x to 1.26x measured in four releases; DeepSeek-V3 MXFP8 on 256 GB300s 1.69x, 1.13x).
     Transformer Engine's FP8 grouped GEMM gains less over BF16 than the dense GEMMs the FP8
     fractions were fitted on. A fraction of its own, 0.85 of the dense one, was tried
     (2026-11-30) and not taken: refitted with the MoE constants alone it raised the calibration
