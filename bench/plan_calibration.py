@@ -108,6 +108,7 @@ def evaluate(
         "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
         "best": plans[0].shape.describe() if plans else "-",
         "first": _shape(plans[0]) if plans else None,  # (TP, PP, VPP, CP, EP)
+        "moe": bool(cfg.model.num_moe_experts),
         "ranked": ranked,
         "bottleneck": step.bottleneck,
     }
@@ -197,12 +198,17 @@ def precisions(rows: list[dict]) -> list[tuple[str, bool, float, float]]:
         if "bf16" not in members:
             continue
         base = members.pop("bf16")
-        moe = bool(priced(base["run"])[0].model.num_moe_experts)
         for precision, r in sorted(members.items()):
             measured = r["run"].tokens_per_s_per_gpu / base["run"].tokens_per_s_per_gpu
             name = f"{model}, {gpus} {system}, {precision} over bf16 ({software})"
-            out.append((name, moe, measured, r["predicted"] / base["predicted"]))
+            out.append((name, base["moe"], measured, r["predicted"] / base["predicted"]))
     return out
+
+
+def gain_errors(pairs: list[tuple[str, bool, float, float]], moe: bool) -> list[float]:
+    """The predicted gain's error, predicted over measured less one, of `precisions`' dense
+    (moe False) or MoE pairs."""
+    return [p / m - 1 for _, is_moe, m, p in pairs if is_moe == moe]
 
 
 def missed(rows: list[dict]) -> dict[str, int]:
@@ -303,7 +309,7 @@ def show_precisions(pairs: list[tuple[str, bool, float, float]]) -> None:
     """`precisions`' pairs, dense and MoE apart: how many, and the predicted gain's mean error."""
     print("\na lower precision over BF16, one layout and release (predicted over measured gain):")
     for moe, kind in ((False, "dense"), (True, "MoE")):
-        errors = [p / m - 1 for _, is_moe, m, p in pairs if is_moe == moe]
+        errors = gain_errors(pairs, moe)
         if errors:
             print(f"  {kind}: {len(errors)} pairs, mean error {statistics.mean(errors):+.1%}, "
                   f"mean |error| {statistics.mean(map(abs, errors)):.1%}, max {max(map(abs, errors)):.1%}")  # fmt: skip

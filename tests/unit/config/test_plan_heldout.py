@@ -23,6 +23,7 @@ import statistics
 import pytest
 
 from bench.plan_calibration import (
+    gain_errors,
     layout_orders,
     missed,
     precisions,
@@ -197,8 +198,7 @@ def test_a_lower_precision_gains_over_bf16_what_nvidia_measured(
     pairs = precisions(table(dict(perf.VALUES), load()[0], ranked=False))
     with capsys.disabled():
         show_precisions(pairs)
-    dense = [p / m - 1 for _, moe, m, p in pairs if not moe]
-    moe = [p / m - 1 for _, moe, m, p in pairs if moe]
+    dense, moe = gain_errors(pairs, moe=False), gain_errors(pairs, moe=True)
     assert len(dense) >= 80 and abs(statistics.mean(dense)) <= 0.01
     assert statistics.mean(map(abs, dense)) <= 0.032 and max(map(abs, dense)) <= 0.10
     assert len(moe) >= 9 and statistics.mean(moe) <= 0.20
