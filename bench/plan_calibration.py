@@ -43,7 +43,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.published_table import TableRun, fitted_before, newest, priced, split  # noqa: E402
+from bench.published_table import (  # noqa: E402
+    TableRun,
+    current,
+    fitted_before,
+    newest,
+    priced,
+    split,
+)
 from bench.published_table import load as load_table  # noqa: E402
 from config.cost import steptime as perf  # noqa: E402
 from config.cost.constants import BOUNDS  # noqa: E402
@@ -129,9 +136,18 @@ def table_parts() -> tuple[list[TableRun], list[TableRun]]:
 def superseded() -> list[TableRun]:
     """The priced runs `newest` leaves out, older releases' figures of the table's configurations,
     but those `fitted_before`: in neither part, never fitted on; a second check, of older software."""
-    runs, _ = load_table()
+    runs = current(load_table()[0])
     kept = {id(r) for r in newest(runs)}
     return [r for r in runs if id(r) not in kept and not fitted_before(r)]
+
+
+def megatron_lm_2021() -> list[TableRun]:
+    """Megatron-LM's weak-scaling runs of April 2021 on up to 3,072 A100s (GPT 1.7B to 1T), priced
+    with what it ran then (bench/published_models.py MEGATRON_LM_2021): a third check, of
+    another GPU and generation of software, never fitted on."""
+    runs, _ = load_table()
+    kept = {id(r) for r in current(runs)}
+    return [r for r in runs if id(r) not in kept]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -452,6 +468,10 @@ def main() -> None:
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
         show_precisions(precisions(table(constants, load_table()[0], ranked=False)))
+        rows = table(constants, megatron_lm_2021(), ranked=False)
+        print(f"\nMegatron-LM's A100 runs of 2021 ({len(rows)}, never fitted on):")
+        for r in rows:
+            print(f"  {r['run'].id:34s} {r['run'].tokens_per_s_per_gpu:8.1f} {r['predicted']:8.1f} {r['error']:+6.1%}")  # fmt: skip
         return
     if args.search:
         constants = search(constants, args.rounds)

@@ -1,8 +1,11 @@
 """The models NVIDIA published pretraining throughputs of (bench/data/published_perf.csv), as the
 catalog recipes bench/published_table.py prices them with: a recipe whose preset is the model, or
-one with the model's published architecture written out as overrides."""
+one with the model's published architecture written out as overrides; and what some of the
+software ran that the recipes do not say (the loss's fusion, Megatron-LM's of 2021)."""
 
 from __future__ import annotations
+
+import re
 
 # The model names NVIDIA prints -> the catalog recipe whose model is that preset.
 RECIPES = {
@@ -25,6 +28,35 @@ RECIPES = {
     "GPT-3 175B": "llama3_8b_pretrain",
     "Grok-1 314B": "mixtral_8x7b_pretrain",
 }
+
+# Megatron-LM's weak-scaling GPT models of April 2021 on A100s (NVIDIA/Megatron-LM README.md
+# images/cases_april2021.png @ 50a4b5fa02, examples/sc21/run_table_1.sh @ 6985e58938): name ->
+# (layers, hidden, heads); GPT-2's architecture (GELU 4x, LayerNorm, learned positions, biases,
+# tied embeddings) with a vocabulary of 51,200.
+GPT_2021 = {
+    "GPT 1.7B": (24, 2304, 24), "GPT 3.6B": (30, 3072, 32), "GPT 7.5B": (36, 4096, 32),
+    "GPT 18B": (40, 6144, 48), "GPT 39B": (48, 8192, 64), "GPT 76B": (60, 10240, 80),
+    "GPT 145B": (80, 12288, 96), "GPT 310B": (96, 16384, 128), "GPT 530B": (105, 20480, 128),
+    "GPT 1T": (128, 25600, 160),
+}  # fmt: skip
+RECIPES.update(dict.fromkeys(GPT_2021, "llama3_8b_pretrain"))
+
+# What Megatron-LM of April 2021 ran in those runs (CONFIG.sh, run_table_1.sh: --fp16, full
+# recompute of every layer, Megatron's unfused attention, its default dropout of 0.1), and what
+# it did not have yet: sequence parallelism, the distributed optimizer.
+MEGATRON_LM_2021 = [
+    "parallel.sequence_parallel=false", "optimizer.use_distributed_optimizer=false",
+    "model.recompute_granularity=full", "model.recompute_method=uniform",
+    "model.recompute_num_layers=1", "model.attention_backend=unfused",
+    "model.attention_dropout=0.1", "model.hidden_dropout=0.1",
+]  # fmt: skip
+
+
+def megatron_lm_settings(notes: str) -> list[str]:
+    """MEGATRON_LM_2021, and the row's DDP: PyTorch's overlaps the gradients' all-reduce with the
+    backward, Megatron's "local" one all-reduces them after it."""
+    overlap = "--DDP-impl torch" in notes
+    return [*MEGATRON_LM_2021, f"parallel.overlap_grad_reduce={str(overlap).lower()}"]
 
 
 def _llama2(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> list[str]:
@@ -95,3 +127,38 @@ ARCHITECTURES = {
         "model.activation=geglu",
     ],  # fmt: skip
 }
+ARCHITECTURES.update(
+    {
+        name: [
+            *ARCHITECTURES["GPT-3 175B"],
+            f"model.num_layers={layers}",
+            f"model.hidden_size={h}",
+            f"model.ffn_hidden_size={4 * h}",
+            f"model.num_attention_heads={heads}",
+            f"model.kv_channels={h // heads}",
+            "model.vocab_size=51200",
+        ]
+        for name, (layers, h, heads) in GPT_2021.items()
+    }
+)
+
+
+def loss_settings(model: str, software: str) -> list[str]:
+    """Transformer Engine's fused cross entropy where the run's performance scripts set it, else
+    nothing (Megatron-Core's fused loss, the engine's default and NeMo 2's):
+    - Megatron-Bridge, every release and model of this table: the 25.09 YAMLs
+      (cross_entropy_fusion_impl: "te", r0.1.0 684a686165 scripts/performance/configs/), utils/
+      helpers.py at v0.2.0 7af9601c9d, utils/overrides.py from v0.3.0 21b02e0cfb, perf_recipes/
+      _common.py `_benchmark_common` (default "te") at v0.6.0 51885cf132;
+    - NeMo from 25.07: scripts/performance/helpers.py `set_primary_perf_configs` (NVIDIA/NeMo
+      96578928a7, first in v2.4.0; not in v2.3.0-v2.3.2, NeMo 25.04);
+    - DeepSeek-V3 from NeMo 25.04: scripts/performance/llm/pretrain_deepseek_v3.py sets it in
+      v2.3.0, and dgxc-benchmarking v25.05.05 runs that script (deepseek_v3/pretraining/launch.sh)."""
+    nemo = re.search(r"NeMo (\d\d\.\d\d)", software)
+    version = float(nemo[1]) if nemo else 0.0
+    te = (
+        software.startswith("Megatron-Bridge")
+        or version >= 25.07
+        or (model == "DeepSeek-V3" and version >= 25.04)
+    )
+    return ["model.cross_entropy_fusion_impl=te"] if te else []

@@ -4,7 +4,8 @@ layout, precision, batch and sequence as overrides, on the row's GPUs.
 
 The table (one row per published figure, its source and commit in `source`) holds every public
 NVIDIA figure a session could find: Megatron-Bridge's performance summaries 25.09-26.08 and their
-archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07.
+archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07,
+and Megatron-LM's A100 runs of 2021 (priced with what it ran then, apart from the split: `current`).
 Columns printed wrong are read as run (bench/published_corrections.py). `newest()` keeps one row
 per configuration (its newest release); `split()` divides them by a hash with a fixed seed into a
 calibration part and a held-out part (a third): identical configurations fall on the same side,
@@ -23,7 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.published_corrections import corrected
-from bench.published_models import ARCHITECTURES, RECIPES
+from bench.published_models import (
+    ARCHITECTURES,
+    RECIPES,
+    loss_settings,
+    megatron_lm_settings,
+)
 
 if TYPE_CHECKING:
     from config.hardware import Cluster
@@ -33,6 +39,7 @@ TABLE = Path(__file__).resolve().parent / "data" / "published_perf.csv"
 SEED = 29  # the split's; never changed after the first fit
 HELD_OUT = 1 / 3
 BLACKWELL_SINCE = 25.09  # the first release whose Blackwell figures the model prices
+CURRENT_SINCE = 24.0  # releases before: Megatron-LM's of 2021 (`current`)
 
 # system -> (GPU kind in config/hardware.py, GPUs per node, network GB/s per GPU: None, the GPU
 # kind's). NVIDIA's DGX B300 runs cross nodes at a 400 Gb/s NIC's rate, not at the 800 Gb/s of
@@ -41,6 +48,7 @@ BLACKWELL_SINCE = 25.09  # the first release whose Blackwell figures the model p
 # 26.02), 4% more where twice the network would give 49%. 50 GB/s has the calibration part's
 # least error of 25-100 (bench/plan_calibration.py --table); GB300s' racks keep their data sheet.
 SYSTEMS: dict[str, tuple[str, int, float | None]] = {
+    "A100": ("a100", 8, None),  # Selene's DGX A100 80 GB: an HDR NIC per GPU (25 GB/s)
     "H100": ("h100", 8, None),
     "H200": ("h200", 8, None),
     "B200": ("b200", 8, None),
@@ -50,6 +58,7 @@ SYSTEMS: dict[str, tuple[str, int, float | None]] = {
 }
 PRECISIONS = {
     "bf16": "bf16_mixed",
+    "fp16": "fp16_mixed",  # Megatron-LM 2021's; FP16 tensor cores run at the BF16 peak
     "fp8": "bf16_with_fp8_current_scaling_mixed",  # 26.x tables' "FP8" is current scaling
     "fp8_cs": "bf16_with_fp8_current_scaling_mixed",
     "fp8_ds": "bf16_with_fp8_delayed_scaling_mixed",
@@ -254,27 +263,6 @@ def mb2509_settings(model: str, system: str, release: float) -> list[str]:
             "parallel.overlap_moe_expert_parallel_comm=true"]  # fmt: skip
 
 
-def loss_settings(model: str, software: str) -> list[str]:
-    """Transformer Engine's fused cross entropy where the run's performance scripts set it, else
-    nothing (Megatron-Core's fused loss, the engine's default and NeMo 2's):
-    - Megatron-Bridge, every release and model of this table: the 25.09 YAMLs
-      (cross_entropy_fusion_impl: "te", r0.1.0 684a686165 scripts/performance/configs/), utils/
-      helpers.py at v0.2.0 7af9601c9d, utils/overrides.py from v0.3.0 21b02e0cfb, perf_recipes/
-      _common.py `_benchmark_common` (default "te") at v0.6.0 51885cf132;
-    - NeMo from 25.07: scripts/performance/helpers.py `set_primary_perf_configs` (NVIDIA/NeMo
-      96578928a7, first in v2.4.0; not in v2.3.0-v2.3.2, NeMo 25.04);
-    - DeepSeek-V3 from NeMo 25.04: scripts/performance/llm/pretrain_deepseek_v3.py sets it in
-      v2.3.0, and dgxc-benchmarking v25.05.05 runs that script (deepseek_v3/pretraining/launch.sh)."""
-    nemo = re.search(r"NeMo (\d\d\.\d\d)", software)
-    version = float(nemo[1]) if nemo else 0.0
-    te = (
-        software.startswith("Megatron-Bridge")
-        or version >= 25.07
-        or (model == "DeepSeek-V3" and version >= 25.04)
-    )
-    return ["model.cross_entropy_fusion_impl=te"] if te else []
-
-
 def fused_settings(model: str, system: str, precision: str, release: float) -> list[str]:
     """The fused grouped MLP where a FUSED_SETTINGS rule covers the run."""
     covered = any(_covers(rule, model, system, precision, release) for rule in FUSED_SETTINGS)
@@ -374,7 +362,7 @@ def why_unpriced(row: dict[str, str]) -> str | None:
         return "a proxy with fewer layers than the model"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']}"
-    if row["system"] not in ("H100", "H200") and release(row["software"]) < BLACKWELL_SINCE:
+    if row["system"] not in ("A100", "H100", "H200") and release(row["software"]) < BLACKWELL_SINCE:
         return (
             f"Blackwell software before {BLACKWELL_SINCE}: DeepSeek-V3 on 256 GB200s ran 958 "
             "tokens/s/GPU on NeMo 25.04 (dgxc v25.05.05), 3,454 on Megatron-Bridge 25.09"
@@ -415,6 +403,8 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 overrides.append("parallel.use_megatron_fsdp=true")
             overrides += _notes_overrides(row["notes"])
             settings = loss_settings(row["model"], row["software"])
+            if row["software"].startswith("Megatron-LM"):  # its 2021 runs: what it ran then
+                settings += megatron_lm_settings(row["notes"])
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
                 settings += moe_settings(*key) + fused_settings(*key) + recompute_settings(*key)
@@ -457,11 +447,18 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
     return runs, skipped
 
 
+def current(runs: list[TableRun]) -> list[TableRun]:
+    """The runs of Megatron-Core's releases (NeMo 24.03 on), which the split divides: Megatron-LM's
+    A100 runs of 2021 are another generation's software, priced apart and never fitted on."""
+    return [r for r in runs if r.release >= CURRENT_SINCE]
+
+
 def newest(runs: list[TableRun]) -> list[TableRun]:
-    """One run per configuration: the newest release's figure. The same layout on the same GPUs
-    sped up as much as 4x across releases (Qwen3 30B-A3B on 8 GB200s, 25.09 to 26.06); the
+    """One current run per configuration: the newest release's figure. The same layout on the same
+    GPUs sped up as much as 4x across releases (Qwen3 30B-A3B on 8 GB200s, 25.09 to 26.06); the
     model prices today's software, so older figures of a layout stay in the table, unpriced."""
     best: dict[tuple, TableRun] = {}
+    runs = current(runs)
     for r in runs:
         if r.config_key not in best or r.release > best[r.config_key].release:
             best[r.config_key] = r

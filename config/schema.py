@@ -130,11 +130,10 @@ class ModelConfig:
     add_bias_linear: bool = False
     add_qkv_bias: bool = False  # Qwen2-style QKV bias
     qk_layernorm: bool = False  # Qwen3 normalises queries and keys per head
-    # Attention's output multiplied by sigmoid(a gate projected with the queries) per channel
-    # before the output projection (Qwen3.5 / Qwen3-Next's full-attention layers).
+    # Attention's output times sigmoid(a gate projected with the queries), per channel, before
+    # the output projection (Qwen3.5 / Qwen3-Next's full-attention layers).
     attention_output_gate: bool = False
-    # Linear attention in place of softmax attention in most layers: "gated_delta_net" (Qwen3.5,
-    # Qwen3-Next); None means softmax attention in every layer.
+    # Linear attention in most layers (Qwen3.5, Qwen3-Next); None: softmax attention in every layer
     experimental_attention_variant: Optional[Literal["gated_delta_net"]] = None
     # Every linear_attention_freq-th layer keeps softmax attention, the others are linear
     # (Qwen3.5: 4, three Gated DeltaNet layers then one full-attention layer).
@@ -156,9 +155,11 @@ class ModelConfig:
     # With a window: every window_attn_skip_freq-th layer (counted from 1) attends in full
     # (GPT-OSS: 2, windowed and full layers alternate; Gemma 3: 6); None: every layer is windowed.
     window_attn_skip_freq: Optional[int] = field(default=None, metadata=LAYERS)
-    # "learnable": a learned logit per head joins each softmax's denominator (GPT-OSS's attention
-    # sinks: a head may attend to nothing).
+    # "learnable": GPT-OSS's attention sinks, a learned logit per head in each softmax's denominator
     softmax_type: Literal["vanilla", "learnable"] = "vanilla"
+    # Megatron-Core's: "auto", TE picks flash or cuDNN's fused kernel; "unfused" writes each head's
+    # seq x seq scores to memory (TE's unfused kernel; torch's math kernel where SDPA runs).
+    attention_backend: Literal["auto", "flash", "fused", "unfused"] = "auto"
 
     # Mixture of experts (num_moe_experts None means dense).
     num_moe_experts: Optional[int] = field(
@@ -186,9 +187,8 @@ class ModelConfig:
         "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
     ] = "aux_loss"
     moe_aux_loss_coeff: float = field(default=1e-2, metadata=NON_NEGATIVE)
-    # "alltoall" is the fast path on GPUs; "allgather" is the one that runs on the CPU over gloo.
-    # "flex" sends a token once per node holding its experts and needs its backend's package in
-    # the container: DeepEP (deep_ep) or HybridEP.
+    # "alltoall": the fast path on GPUs; "allgather": on the CPU over gloo; "flex": a token once per
+    # node holding its experts, its backend's package (DeepEP's deep_ep, or HybridEP) installed.
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = "deepep"
     # Token dropping: an expert takes at most factor x its even share of the tokens (None: all);

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank
 
@@ -178,6 +179,9 @@ def transformer_config(
         # Free each pipeline output's data once it has been sent (Megatron-LM's default).
         deallocate_pipeline_outputs=True,
         transformer_impl="transformer_engine" if te else "local",
+        # Megatron-Core sets Transformer Engine's NVTE_*_ATTN switches from it at model build;
+        # models/sdpa.py runs "unfused" in torch's math kernel.
+        attention_backend=AttnBackend[m.attention_backend],
         # The loss in a fused cross entropy where Transformer Engine's layers are built:
         # Megatron-Core's, or TE's (model.cross_entropy_fusion_impl; config/cost/memory.py
         # `logit_bytes`). Megatron-LM refuses TE's for stability (NVIDIA/Megatron-LM#5115).

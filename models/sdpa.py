@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.enums import AttnBackend, AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import (
@@ -21,6 +21,7 @@ from megatron.core.transformer.utils import (
     make_sharded_tensors_for_checkpoint,
 )
 from megatron.core.utils import divide
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class SdpaAttention(MegatronModule):
@@ -146,6 +147,13 @@ class SdpaAttention(MegatronModule):
         probs = F.dropout(probs, p=p, training=p > 0).to(v.dtype)
         return torch.matmul(probs, v)
 
+    def _kernels(self) -> contextlib.AbstractContextManager:
+        """model.attention_backend "unfused": torch's math kernel, which writes the scores and the
+        probabilities to memory as Transformer Engine's unfused attention does; else SDPA's pick."""
+        if self.config.attention_backend == AttnBackend.unfused:
+            return sdpa_kernel([SDPBackend.MATH])
+        return contextlib.nullcontext()
+
     def forward(
         self,
         query: torch.Tensor,
@@ -175,7 +183,7 @@ class SdpaAttention(MegatronModule):
         if self.window is not None or self.softmax_offset is not None:
             kept = self._kept(mask, causal, q.size(2), k.size(2), q.device)
             mask, causal = kept, False
-        with rng:
+        with rng, self._kernels():
             if self.softmax_offset is not None:
                 out = self._with_sinks(q, k, v, kept, dropout, self.softmax_offset)
             else:

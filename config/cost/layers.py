@@ -48,24 +48,52 @@ def attention(m: ModelConfig) -> tuple[int, int]:
     return mm, other
 
 
-def attention_share(m: ModelConfig) -> float:
+def attention_share(m: ModelConfig, kernel: bool = False) -> float:
     """The decoder's score and value work, on average per layer, over causal softmax attention
     across the whole sequence in every layer. Gated DeltaNet layers have none that grows with the
     sequence (every linear_attention_freq-th layer, from 1, keeps softmax attention). A windowed
     layer (Megatron-Core's is_layer_window_attention: every layer unless its number is a multiple
     of window_attn_skip_freq) lets each token see itself and the window_size tokens before it,
-    and flash attention's kernels skip the key blocks beyond that."""
+    and flash attention's kernels skip the key blocks beyond that. With `kernel`, what the kernel
+    computes: unfused attention (model.attention_backend) scores every query against every key,
+    then masks: s keys per query in each softmax layer."""
     s = m.seq_length
     causal = (s + 1) / 2  # keys per query, on average, without a window
     w = min(m.window_size + 1, s) if m.window_size is not None else s
     windowed = (w * (w + 1) / 2 + (s - w) * w) / s / causal
+    full = 1.0
+    if kernel and m.attention_backend == "unfused":
+        windowed = full = s / causal
     freq, skip = m.linear_attention_freq, m.window_attn_skip_freq
     total = 0.0
     for number in range(1, m.num_layers + 1):
         if m.experimental_attention_variant is not None and number % (freq or number + 1):
             continue  # a Gated DeltaNet layer
-        total += windowed if m.window_size is not None and number % (skip or number + 1) else 1.0
+        total += windowed if m.window_size is not None and number % (skip or number + 1) else full
     return total / m.num_layers
+
+
+def score_bytes(m: ModelConfig) -> tuple[float, float]:
+    """Unfused attention's bytes per score (one query and one key of one head), 2-byte elements:
+    (read and written in a layer's forward and backward, saved for the backward). Forward: the
+    QK GEMM writes the scores, the scale-mask-softmax kernel reads them and writes the
+    probabilities, the PV GEMM reads them (8); backward: the probabilities' gradient written, the
+    probabilities read for the values' gradient, both read and the scores' gradient written by the
+    softmax backward, which the Q and K gradients' GEMMs read (14). Attention dropout reads the
+    probabilities and writes them dropped with a 1-byte mask, and backward reads and writes the
+    gradient with the mask (5 each way). Saved: the softmax output, and with dropout its mask and
+    dropped output (Korthikanti et al. 2022, arXiv 2205.05198 section 4.1: 5as^2b per layer)."""
+    dropout = m.attention_dropout > 0
+    return (32.0, 5.0) if dropout else (22.0, 2.0)
+
+
+def saved_scores(m: ModelConfig) -> float:
+    """Bytes per token a layer's unfused attention saves for its backward (inside the TP region,
+    averaged over the layers: Gated DeltaNet layers have none); 0 for flash and fused kernels."""
+    if m.attention_backend != "unfused":
+        return 0.0
+    keys = (m.seq_length + 1) / 2 * attention_share(m, kernel=True)  # s in a softmax layer
+    return score_bytes(m)[1] * m.num_attention_heads * keys
 
 
 def gated_delta_net(m: ModelConfig) -> tuple[int, int]:
@@ -166,6 +194,7 @@ def layer_activations(m: ModelConfig, moe: bool, lin: float) -> tuple[float, flo
         hq, hkv = heads * d, (m.num_query_groups or heads) * d
         outside += lin * h
         inside = 2 * (hq + 2 * hkv) + out * hq + (2 * (hq + hkv) if m.qk_layernorm else 0)
+    inside += saved_scores(m)
     act = 2 if is_gated(m) else 1  # the fc1 output the activation saves
     if moe:
         topk, fe = m.moe_router_topk, m.moe_ffn_hidden_size or m.ffn_hidden_size
@@ -196,7 +225,7 @@ def discarded(m: ModelConfig, moe: bool, lin: float) -> tuple[float, float]:
     """Bytes per token of a layer's saved activations that selective recompute frees and rebuilds
     in the backward: (outside, inside) the TP regions, as layer_activations counts them.
 
-    core_attn frees nothing here (the fused attention kernel saves no score matrix to begin with);
+    core_attn frees the unfused attention's saved scores (the fused kernels save none);
     mla_up_proj the up-projected queries, keys and values and the up projections' inputs;
     layernorm the outputs of the norms that stand alone (Transformer Engine fuses the others into
     the next linear layer, and Megatron-Core has nothing to recompute there): MLA's input norm
@@ -206,7 +235,8 @@ def discarded(m: ModelConfig, moe: bool, lin: float) -> tuple[float, float]:
     the routing scores."""
     modules = selective_modules(m)
     h, act = m.hidden_size, 2 if is_gated(m) else 1
-    outside = inside = 0.0
+    outside = 0.0
+    inside = saved_scores(m) if "core_attn" in modules else 0.0
     if "mla_up_proj" in modules and m.multi_latent_attention:
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
         inside += 2 * m.num_attention_heads * (2 * qk + m.v_head_dim)

@@ -19,7 +19,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
   (bench/data/published_perf.csv), Ultra a clock factor; the output layer, one GEMM larger than
   any of a layer's, reaches gemm_bf16's fraction of the BF16 peak on every GPU.
 - attention: the causal score and value FLOPs (config/cost/memory.py) at the flash-attention rate,
-  less what windowed layers skip and Gated DeltaNet layers lack (`layers.attention_share`).
+  less what windowed layers skip and Gated DeltaNet layers lack (`layers.attention_share`);
+  unfused (model.attention_backend), every score at the BF16 GEMM rate and through memory.
 - memory: memory-bound work (norms, activations, RoPE, dropout, MoE permutation, FP8 casts) as
   passes over the bytes a layer saves for its backward (config/cost/layers.py), at HBM bandwidth;
   the loss likewise over its logits' BF16 and FP32 copies (`logit_bytes(peak=False)`: 6 bytes in
@@ -197,15 +198,20 @@ def layer_costs(
     else:
         d_qk = d_v = layers.head_dim(m)
         kv_width = 2 * (m.num_query_groups or m.num_attention_heads) * d_qk / max(1, t)
-    attention = (
-        3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v) * layers.attention_share(m)
-    )
-    attention /= (
-        spec.bf16_tflops
-        * 1e12
-        * k[constant("attention", spec)]
-        / (1 + k["attention_half_len"] * (c if par.cp_comm_type != "a2a" else 1) / s)
-    )
+    share = layers.attention_share(m, kernel=True)
+    attention = 3 * tokens * s * m.num_attention_heads / t * (d_qk + d_v) * share
+    if m.attention_backend == "unfused":  # batched GEMMs at the layers' BF16 rate, and every
+        # score through memory as layers.score_bytes counts (a GEMM over a head's 64-192 channels
+        # is bound by writing its scores: those bytes, not its shape, price it)
+        scores = tokens * (s + 1) / 2 * share * m.num_attention_heads / t
+        attention = attention / (bf16 * 1e12) + scores * layers.score_bytes(m)[0] / hbm
+    else:
+        attention /= (
+            spec.bf16_tflops
+            * 1e12
+            * k[constant("attention", spec)]
+            / (1 + k["attention_half_len"] * (c if par.cp_comm_type != "a2a" else 1) / s)
+        )
     tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
     cp = 0.0
     if c > 1 and par.cp_comm_type == "a2a":  # heads for sequence: an alltoall among the CP
@@ -220,6 +226,7 @@ def layer_costs(
 
     def memory(is_moe: bool) -> float:
         outside, inside = layers.layer_activations(m, is_moe, lin)
+        inside -= layers.saved_scores(m)  # unfused attention's passes are the attention term's
         passes = k["memory_passes"] * tokens * (outside / sp + inside / t)
         if kind != "bf16":  # FP8 casts of every linear layer's input (the bytes at 1 per element)
             o0, i0 = layers.layer_activations(m, is_moe, 0)

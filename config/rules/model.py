@@ -350,7 +350,7 @@ def _recompute_modules(model: ModelConfig) -> list[Problem]:
 
 
 def _attention(cfg: TrainingConfig) -> list[Problem]:
-    """Sliding windows and sinks (GPT-OSS) as Megatron-Core builds them.
+    """Sliding windows and sinks (GPT-OSS) as Megatron-Core builds them; unfused attention.
 
     Megatron-Core windows layer i (from 1) unless i % window_attn_skip_freq == 0, and reads the
     frequency only with a window (transformer/utils.py is_layer_window_attention): a frequency
@@ -374,6 +374,16 @@ def _attention(cfg: TrainingConfig) -> list[Problem]:
                 "model.window_attn_skip_freq",
                 "is 1: every layer would attend in full and model.window_size go unused; use 2 "
                 "or more (2: windowed and full layers alternate), or unset model.window_size",
+            )
+        )
+    cp = cfg.parallel.context_parallel_size
+    if m.attention_backend == "unfused" and cp > 1:  # Transformer Engine's dot_product_attention/
+        # utils.py disables its unfused attention with context parallelism; SDPA has none either
+        out.append(
+            Problem(
+                "model.attention_backend",
+                f"is unfused with parallel.context_parallel_size={cp}, and unfused attention "
+                "has no context parallelism; use auto, or context_parallel_size=1",
             )
         )
     return out
