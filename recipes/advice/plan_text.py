@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from config.cost.constants import HELD_OUT_ERROR
+from config.cost.constants import A100_ERROR, HELD_OUT_ERROR
 from config.cost.memory import MEMORY_MARGIN, limit_text
 from config.hardware import Cluster
 from config.schema import TrainingConfig
@@ -49,15 +49,23 @@ def command(
     return " ".join(["recipes run", *map(shlex.quote, [name, *user, *changed, *size, *where])])
 
 
-def accuracy(plans: list[Plan], error: dict[str, float] = HELD_OUT_ERROR) -> list[str]:
-    """What the ranking is worth: the model's error on NVIDIA runs it was not fitted on, and the
-    plans that lie within its median of the first (the model cannot order those)."""
+def accuracy(
+    plans: list[Plan], a100: bool = False, error: dict[str, float] = HELD_OUT_ERROR
+) -> list[str]:
+    """What the ranking is worth: the model's error on NVIDIA runs it was not fitted on (on A100s,
+    `a100`, also on the A100 runs of 2021), and the plans that lie within its median of the first
+    (the model cannot order those)."""
     first = plans[0].step.tokens_per_s_per_gpu
     close = sum(1 for p in plans if p.step.tokens_per_s_per_gpu >= first * (1 - error["median"]))
     lines = [
         f"accuracy on {error['runs']:.0f} NVIDIA runs not fitted on: median error "
         f"{error['median']:.1%}, 9 in 10 within {error['p90']:.1%}"
     ]
+    if a100:
+        lines.append(
+            f"  on A100s, {A100_ERROR['runs']:.0f} Megatron-LM runs of 2021 with their software: "
+            f"median error {A100_ERROR['median']:.1%}, all within {A100_ERROR['max']:.1%}"
+        )
     if close > 1:
         lines.append(
             f"  plans 1-{close} are within {error['median']:.1%} of the first: time a few "
@@ -110,7 +118,7 @@ def render(
             )
             lines.append(f"    as fast within the per-stage cost's uncertainty: {', '.join(split)}")
     if plans:
-        lines += ["", *accuracy(plans)]
+        lines += ["", *accuracy(plans, cluster.spec.name.startswith("a100"))]
         lines += [
             "run the first with:",
             "  " + command(recipe_name, cfg, cluster, user, plans[0], profile, executor),

@@ -37,7 +37,7 @@ from bench.plan_calibration import (
 )
 from bench.published_table import TABLE, load, newest, split
 from config.cost import steptime as perf
-from config.cost.constants import HELD_OUT_ERROR
+from config.cost.constants import A100_ERROR, HELD_OUT_ERROR
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +164,11 @@ def test_megatron_lms_a100_runs_of_2021_with_what_it_ran(parts: tuple[list, list
     rows = table(dict(perf.VALUES), runs, ranked=False)
     errors = [r["error"] for r in rows]
     assert max(map(abs, errors)) <= 0.08 and statistics.median(map(abs, errors)) <= 0.03
+    assert A100_ERROR == {  # what `recipes plan` prints on A100s
+        "runs": len(rows),
+        "median": round(statistics.median(map(abs, errors)), 3),
+        "max": round(max(map(abs, errors)), 3),
+    }
     small = min(runs, key=lambda r: r.gpus)  # GPT 1.7B: attention is a third of its step
     flash = dataclasses.replace(small, overrides=[*small.overrides, "model.attention_backend=auto"])
     assert table(dict(perf.VALUES), [flash], ranked=False)[0]["error"] > 0.25

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from config.cost.constants import HELD_OUT_ERROR, TIE_RANGE, VALUES
+from config.cost.constants import A100_ERROR, HELD_OUT_ERROR, TIE_RANGE, VALUES
 from config.cost.steptime import predict
 from config.finalize import complete, finalize
 from config.hardware import GPUS, Cluster
@@ -308,6 +308,14 @@ def test_plan_prints_its_accuracy_and_the_plans_within_it(
     assert any(line.startswith(head) for line in lines)
     within = f"  plans 1-{close} are within {median:.1%} of the first"
     assert any(line.startswith(within) for line in lines) == (close > 1)
+    assert not any("A100" in line for line in lines)  # H100s: the held-out part's GPUs
+
+
+def test_plan_on_a100s_adds_the_a100_runs_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "llama3_8b_pretrain", "--gpu", "a100", "--top", "3"]) == 0
+    median = A100_ERROR["median"]
+    a100 = f"  on A100s, 10 Megatron-LM runs of 2021 with their software: median error {median:.1%}"
+    assert any(line.startswith(a100) for line in capsys.readouterr().out.splitlines())
 
 
 def test_plan_lists_the_ties_of_a_layout(capsys: pytest.CaptureFixture[str]) -> None:
