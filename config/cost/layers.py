@@ -82,7 +82,11 @@ def score_bytes(m: ModelConfig) -> tuple[float, float]:
     softmax backward, which the Q and K gradients' GEMMs read (14). Attention dropout reads the
     probabilities and writes them dropped with a 1-byte mask, and backward reads and writes the
     gradient with the mask (5 each way). Saved: the softmax output, and with dropout its mask and
-    dropped output (Korthikanti et al. 2022, arXiv 2205.05198 section 4.1: 5as^2b per layer)."""
+    dropped output (Korthikanti et al. 2022, arXiv 2205.05198 section 4.1: 5as^2b per layer).
+    The passes of the fused scale-mask-softmax kernel that Transformer Engine's unfused attention
+    and Megatron-LM's ran; without it (torch's ops, the softmax in FP32) they multiply: Megatron-
+    Core's local attention without TE or Apex took 65.5 ms a layer on an H200 at the Llama 3 8B
+    proxy's shape (BENCHMARKS.md, GPU figures), where these bytes price 14.6 ms."""
     dropout = m.attention_dropout > 0
     return (32.0, 5.0) if dropout else (22.0, 2.0)
 
