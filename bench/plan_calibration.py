@@ -47,6 +47,7 @@ from bench.published_table import (  # noqa: E402
     TableRun,
     current,
     fitted_before,
+    is_current,
     newest,
     priced,
     split,
@@ -145,9 +146,7 @@ def megatron_lm_2021() -> list[TableRun]:
     """Megatron-LM's weak-scaling runs of April 2021 on up to 3,072 A100s (GPT 1.7B to 1T), priced
     with what it ran then (bench/published_models.py MEGATRON_LM_2021): a third check, of
     another GPU and generation of software, never fitted on."""
-    runs, _ = load_table()
-    kept = {id(r) for r in current(runs)}
-    return [r for r in runs if id(r) not in kept]
+    return [r for r in load_table()[0] if not is_current(r)]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

@@ -447,10 +447,16 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
     return runs, skipped
 
 
+def is_current(r: TableRun) -> bool:
+    """Whether the run is of Megatron-Core's releases (NeMo 24.03 on), which the split divides:
+    Megatron-LM's A100 runs of 2021 are another generation's software, priced apart and never
+    fitted on."""
+    return r.release >= CURRENT_SINCE
+
+
 def current(runs: list[TableRun]) -> list[TableRun]:
-    """The runs of Megatron-Core's releases (NeMo 24.03 on), which the split divides: Megatron-LM's
-    A100 runs of 2021 are another generation's software, priced apart and never fitted on."""
-    return [r for r in runs if r.release >= CURRENT_SINCE]
+    """The `is_current` runs."""
+    return [r for r in runs if is_current(r)]
 
 
 def newest(runs: list[TableRun]) -> list[TableRun]:

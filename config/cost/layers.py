@@ -91,13 +91,18 @@ def score_bytes(m: ModelConfig) -> tuple[float, float]:
     return (32.0, 5.0) if dropout else (22.0, 2.0)
 
 
+def scored_keys(m: ModelConfig) -> float:
+    """Keys each query of each head scores, on average over the layers, as the configured kernel
+    computes them (`attention_share` with `kernel`): s in an unfused softmax layer."""
+    return (m.seq_length + 1) / 2 * attention_share(m, kernel=True)
+
+
 def saved_scores(m: ModelConfig) -> float:
     """Bytes per token a layer's unfused attention saves for its backward (inside the TP region,
     averaged over the layers: Gated DeltaNet layers have none); 0 for flash and fused kernels."""
     if m.attention_backend != "unfused":
         return 0.0
-    keys = (m.seq_length + 1) / 2 * attention_share(m, kernel=True)  # s in a softmax layer
-    return score_bytes(m)[1] * m.num_attention_heads * keys
+    return score_bytes(m)[1] * m.num_attention_heads * scored_keys(m)
 
 
 def gated_delta_net(m: ModelConfig) -> tuple[int, int]:

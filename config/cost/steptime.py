@@ -203,7 +203,7 @@ def layer_costs(
     if m.attention_backend == "unfused":  # batched GEMMs at the layers' BF16 rate, and every
         # score through memory as layers.score_bytes counts (a GEMM over a head's 64-192 channels
         # is bound by writing its scores: those bytes, not its shape, price it)
-        scores = tokens * (s + 1) / 2 * share * m.num_attention_heads / t
+        scores = tokens * layers.scored_keys(m) * m.num_attention_heads / t
         attention = attention / (bf16 * 1e12) + scores * layers.score_bytes(m)[0] / hbm
     else:
         attention /= (
