@@ -13,8 +13,9 @@ layout, its error, and where `recipes plan` ranks that layout.
                                                      # releases of one configuration
 
 --table also says which way the planner's first layout differs where the published one is not in
-its five best (`missed`), and how the predicted gain of FP8 over BF16 compares with NVIDIA's where
-one layout ran in both in one release (`precisions`).
+its five best (`missed`), how much faster the model prices its first and fifth there (`margins`),
+and how the predicted gain of FP8 over BF16 compares with NVIDIA's where one layout ran in both
+in one release (`precisions`).
 
 How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
 then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
@@ -103,11 +104,13 @@ def evaluate(
         shapes = list(listed)[:TOP]
         rank = next((i for i, s in enumerate(shapes, 1) if s == run.layout[:5]), None)
         tied = next((i for i, s in enumerate(shapes, 1) if run.layout[:5] in listed[s]), None)
+        fifth = next((p for p in plans if _shape(p) == shapes[4]), None) if shapes[4:] else None
     else:
         rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
         tied = next(
             (i for i, p in enumerate(plans, 1) if any(matches(run, t) for t in (p, *p.ties))), None
         )
+        fifth = plans[4] if plans[4:] else None
     return {
         "run": run,
         "predicted": step.tokens_per_s_per_gpu,
@@ -116,6 +119,9 @@ def evaluate(
         "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
         "best": plans[0].shape.describe() if plans else "-",
         "first": _shape(plans[0]) if plans else None,  # (TP, PP, VPP, CP, EP)
+        # The predicted tokens/s/GPU of the planner's first and fifth layouts (None: none)
+        "first_speed": plans[0].step.tokens_per_s_per_gpu if plans else None,
+        "fifth_speed": fifth.step.tokens_per_s_per_gpu if fifth else None,
         "moe": bool(cfg.model.num_moe_experts),
         "ranked": ranked,
         "bottleneck": step.bottleneck,
@@ -241,6 +247,13 @@ def missed(rows: list[dict]) -> dict[str, int]:
         else:
             out["another VPP" if (first[2] or 1) != (vpp or 1) else "other"] += 1
     return out
+
+
+def margins(rows: list[dict]) -> list[tuple[float, float]]:
+    """Where the published layout is not in the planner's five best even counting ties, how much
+    faster the model prices the planner's first and fifth layouts than it: (first, fifth)."""
+    return [(r["first_speed"] / r["predicted"] - 1, r["fifth_speed"] / r["predicted"] - 1)
+            for r in rows if r["ranked"] and (r["tied"] or TOP + 1) > 5 and r["fifth_speed"]]  # fmt: skip
 
 
 def release_noise(runs: list[TableRun]) -> list[tuple[float, str, str]]:
@@ -463,6 +476,10 @@ def main() -> None:
             print(f"\n{title}:")
             show_table(rows)
             print(f"  not in the top 5 even tied, the planner's first layout has: {missed(rows)}")
+            first, fifth = (spread(list(m)) for m in zip(*margins(rows), strict=True))
+            print(f"  there the planner prices its first layout a median {first['median']:+.1%} "
+                  f"faster than the published one (at most {first['max']:+.1%}), its fifth "
+                  f"{fifth['median']:+.1%} ({fifth['max']:+.1%})")  # fmt: skip
         s = summary(table(constants, superseded(), ranked=False))
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
