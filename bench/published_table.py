@@ -312,6 +312,8 @@ def _notes_overrides(notes: str) -> list[str]:
         out.append(f"model.moe_flex_dispatcher_backend={backend}")
     if "overlap_moe_expert_parallel_comm=True" in notes:
         out.append("parallel.overlap_moe_expert_parallel_comm=true")
+    if "overlap_grad_reduce=False" in notes:  # the gradients reduced after the backward
+        out.append("parallel.overlap_grad_reduce=false")
     return out
 
 

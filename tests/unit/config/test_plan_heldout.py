@@ -137,7 +137,7 @@ def test_report_and_todays_bounds(
     # which moved DeepSeek-V3 MXFP8 on 256 B200s and B300s (PP 16) from below 10th to 1st and 4th;
     # 60% (67%) before the planner offloaded where offloading all but one layer overflows the
     # host, which moved Llama 3.1 405B FP8 on 128 GB200s (FSDP, offloading) from below 10th to 2nd.
-    assert held["top5"] >= 0.61 and held["top5_tied"] >= 0.68  # 39 and 43 of 63: listed; tied
+    assert held["top5"] >= 0.62 and held["top5_tied"] >= 0.68  # 40 and 44 of 64: listed; tied
     # Where it is not, it misses by less than the model's median error: the planner prices its
     # fifth layout a median 2.0% faster than the published one, its first 4.2% (2026-11-30).
     assert fifth <= min(0.025, held["median"]) and first <= 0.05

@@ -304,7 +304,10 @@ def test_plan_prints_its_accuracy_and_the_plans_within_it(
     ]
     median = HELD_OUT_ERROR["median"]
     close = sum(1 for v in speeds if v >= speeds[0] * (1 - median))
-    head = f"accuracy on 63 NVIDIA runs not fitted on: median error {median:.1%}, 9 in 10 within"
+    runs = HELD_OUT_ERROR["runs"]
+    head = (
+        f"accuracy on {runs} NVIDIA runs not fitted on: median error {median:.1%}, 9 in 10 within"
+    )
     assert any(line.startswith(head) for line in lines)
     within = f"  plans 1-{close} are within {median:.1%} of the first"
     assert any(line.startswith(within) for line in lines) == (close > 1)
