@@ -119,7 +119,6 @@ def evaluate(
         "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
         "best": plans[0].shape.describe() if plans else "-",
         "first": _shape(plans[0]) if plans else None,  # (TP, PP, VPP, CP, EP)
-        # The predicted tokens/s/GPU of the planner's first and fifth layouts (None: none)
         "first_speed": plans[0].step.tokens_per_s_per_gpu if plans else None,
         "fifth_speed": fifth.step.tokens_per_s_per_gpu if fifth else None,
         "moe": bool(cfg.model.num_moe_experts),
@@ -250,8 +249,8 @@ def missed(rows: list[dict]) -> dict[str, int]:
 
 
 def margins(rows: list[dict]) -> list[tuple[float, float]]:
-    """Where the published layout is not in the planner's five best even counting ties, how much
-    faster the model prices the planner's first and fifth layouts than it: (first, fifth)."""
+    """Where the published layout misses the planner's five best even tied: how much faster the
+    model prices the planner's first and fifth layouts (first_speed, fifth_speed) than it."""
     return [(r["first_speed"] / r["predicted"] - 1, r["fifth_speed"] / r["predicted"] - 1)
             for r in rows if r["ranked"] and (r["tied"] or TOP + 1) > 5 and r["fifth_speed"]]  # fmt: skip
 
@@ -476,10 +475,12 @@ def main() -> None:
             print(f"\n{title}:")
             show_table(rows)
             print(f"  not in the top 5 even tied, the planner's first layout has: {missed(rows)}")
-            first, fifth = (spread(list(m)) for m in zip(*margins(rows), strict=True))
-            print(f"  there the planner prices its first layout a median {first['median']:+.1%} "
-                  f"faster than the published one (at most {first['max']:+.1%}), its fifth "
-                  f"{fifth['median']:+.1%} ({fifth['max']:+.1%})")  # fmt: skip
+            gaps = margins(rows)
+            if gaps:
+                first, fifth = (spread(list(m)) for m in zip(*gaps, strict=True))
+                print(f"  there the planner prices its first layout a median {first['median']:+.1%} faster "
+                      f"than the published one (at most {first['max']:+.1%}), its fifth {fifth['median']:+.1%} "
+                      f"({fifth['max']:+.1%})")  # fmt: skip
         s = summary(table(constants, superseded(), ranked=False))
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
