@@ -148,9 +148,8 @@ def superseded() -> list[TableRun]:
 
 
 def megatron_lm_2021() -> list[TableRun]:
-    """Megatron-LM's weak-scaling runs of April 2021 on up to 3,072 A100s (GPT 1.7B to 1T), priced
-    with what it ran then (bench/published_models.py MEGATRON_LM_2021): a third check, of
-    another GPU and generation of software, never fitted on."""
+    """Megatron-LM's runs of April 2021 on 32-3,072 A100s, priced with what it ran (MEGATRON_LM_2021
+    in bench/published_models.py): a third check, another GPU and software, never fitted on."""
     return [r for r in load_table()[0] if not is_current(r)]
 
 
@@ -231,13 +230,17 @@ def gain_errors(pairs: list[tuple[str, bool, float, float]], moe: bool) -> list[
     return [p / m - 1 for _, is_moe, m, p in pairs if is_moe == moe]
 
 
+def misses(r: dict) -> bool:
+    """Whether a ranked run's published layout is not in the planner's five best, even tied."""
+    return r["ranked"] and (r["tied"] or TOP + 1) > 5
+
+
 def missed(rows: list[dict]) -> dict[str, int]:
-    """The ranked runs whose published layout is not in the planner's five best, even counting
-    ties, by how the planner's first layout differs: fewer or more pipeline stages, else the
-    same stages split otherwise (VPP), else another TP, CP or EP."""
+    """The `misses`, by how the planner's first layout differs: fewer or more pipeline stages,
+    else the same stages split otherwise (VPP), else another TP, CP or EP."""
     out = {"fewer pipeline stages": 0, "more pipeline stages": 0, "another VPP": 0, "other": 0}
     for r in rows:
-        if not r["ranked"] or (r["tied"] or TOP + 1) <= 5 or r["first"] is None:
+        if not misses(r) or r["first"] is None:
             continue
         _, pp, vpp = r["run"].layout[:3]
         first = r["first"]
@@ -249,10 +252,9 @@ def missed(rows: list[dict]) -> dict[str, int]:
 
 
 def margins(rows: list[dict]) -> list[tuple[float, float]]:
-    """Where the published layout misses the planner's five best even tied: how much faster the
-    model prices the planner's first and fifth layouts (first_speed, fifth_speed) than it."""
+    """Each of the `misses`: how much faster the planner's first and fifth layouts are priced."""
     return [(r["first_speed"] / r["predicted"] - 1, r["fifth_speed"] / r["predicted"] - 1)
-            for r in rows if r["ranked"] and (r["tied"] or TOP + 1) > 5 and r["fifth_speed"]]  # fmt: skip
+            for r in rows if misses(r) and r["fifth_speed"]]  # fmt: skip
 
 
 def release_noise(runs: list[TableRun]) -> list[tuple[float, str, str]]:
@@ -298,7 +300,7 @@ def spread(values: list[float]) -> dict[str, float]:
 def summary(rows: list[dict]) -> dict[str, float]:
     ranked = [r for r in rows if r["ranked"]]
     top5 = sum(1 for r in ranked if r["rank"] is not None and r["rank"] <= 5)
-    tied = sum(1 for r in ranked if r["tied"] is not None and r["tied"] <= 5)
+    tied = sum(1 for r in ranked if not misses(r))
     return {
         "runs": len(rows),
         **spread([abs(r["error"]) for r in rows]),
@@ -475,12 +477,10 @@ def main() -> None:
             print(f"\n{title}:")
             show_table(rows)
             print(f"  not in the top 5 even tied, the planner's first layout has: {missed(rows)}")
-            gaps = margins(rows)
-            if gaps:
+            if gaps := margins(rows):
                 first, fifth = (spread(list(m)) for m in zip(*gaps, strict=True))
-                print(f"  there the planner prices its first layout a median {first['median']:+.1%} faster "
-                      f"than the published one (at most {first['max']:+.1%}), its fifth {fifth['median']:+.1%} "
-                      f"({fifth['max']:+.1%})")  # fmt: skip
+                print(f"  there the planner prices its first layout a median {first['median']:+.1%} faster than the "
+                      f"published one (at most {first['max']:+.1%}), its fifth {fifth['median']:+.1%} ({fifth['max']:+.1%})")  # fmt: skip
         s = summary(table(constants, superseded(), ranked=False))
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
