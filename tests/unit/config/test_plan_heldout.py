@@ -273,6 +273,10 @@ def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> Non
     ]
     assert moe_settings("Qwen3 235B-A22B", "H100", "fp8_cs", 25.09) == []
     assert moe_settings("Qwen3 235B-A22B", "GB200", "bf16", 26.02)[0].endswith("=flex")
+    # 26.02's container had no DeepEP (the release's known issues): its H100 Qwen3 30B-A3B recipe's
+    # DeepEP ran as the alltoall, as 25.11's; 26.02.01 on took HybridEP.
+    qwen30 = [moe_settings("Qwen3 30B-A3B", "H100", "fp8_cs", r)[0] for r in (25.11, 26.02, 26.0201)]
+    assert [s.rsplit("=", 1)[1] for s in qwen30] == ["alltoall", "alltoall", "flex"]
     runs, _ = load()
     (h100,) = [r for r in runs if r.id == "mb2511-qwen3235ba22b-h100-fp8cs-256"]
     assert h100.overrides[-3:] == list(h100.settings) and len(h100.settings) == 3
