@@ -49,17 +49,16 @@ def command(
     return " ".join(["recipes run", *map(shlex.quote, [name, *user, *changed, *size, *where])])
 
 
-def accuracy(
-    plans: list[Plan], a100: bool = False, error: dict[str, float] = HELD_OUT_ERROR
-) -> list[str]:
-    """What the ranking is worth: the model's error on NVIDIA runs it was not fitted on (on A100s,
-    `a100`, also on the A100 runs of 2021), and the plans that lie within its median of the first
-    (the model cannot order those)."""
+def accuracy(plans: list[Plan], moe: bool, a100: bool = False) -> list[str]:
+    """What the ranking is worth: the model's error on NVIDIA runs of the same kind (dense or
+    `moe`) that it was not fitted on (on A100s, `a100`, also on the A100 runs of 2021), and the
+    plans that lie within its median of the first (the model cannot order those)."""
+    error = HELD_OUT_ERROR["moe" if moe else "dense"]
     first = plans[0].step.tokens_per_s_per_gpu
     close = sum(1 for p in plans if p.step.tokens_per_s_per_gpu >= first * (1 - error["median"]))
     lines = [
-        f"accuracy on {error['runs']:.0f} NVIDIA runs not fitted on: median error "
-        f"{error['median']:.1%}, 9 in 10 within {error['p90']:.1%}"
+        f"accuracy on {error['runs']:.0f} NVIDIA {'MoE' if moe else 'dense-model'} runs not "
+        f"fitted on: median error {error['median']:.1%}, 9 in 10 within {error['p90']:.1%}"
     ]
     if a100:
         lines.append(
@@ -118,7 +117,8 @@ def render(
             )
             lines.append(f"    as fast within the per-stage cost's uncertainty: {', '.join(split)}")
     if plans:
-        lines += ["", *accuracy(plans, cluster.spec.name.startswith("a100"))]
+        moe = bool(cfg.model.num_moe_experts)
+        lines += ["", *accuracy(plans, moe, cluster.spec.name.startswith("a100"))]
         lines += [
             "run the first with:",
             "  " + command(recipe_name, cfg, cluster, user, plans[0], profile, executor),

@@ -141,10 +141,19 @@ def test_report_and_todays_bounds(
     # Where it is not, it misses by less than the model's median error: the planner prices its
     # fifth layout a median 2.0% faster than the published one, its first 4.2% (2026-11-30).
     assert fifth <= min(0.025, held["median"]) and first <= 0.05
-    # What `recipes plan` prints as its accuracy is today's (config/cost/constants.py).
-    assert HELD_OUT_ERROR["runs"] == held["runs"]
-    assert HELD_OUT_ERROR["median"] == round(held["median"], 3)
-    assert HELD_OUT_ERROR["p90"] == round(held["p90"], 3)
+    # What `recipes plan` prints as its accuracy is today's, dense and MoE apart
+    # (config/cost/constants.py).
+    for kind, moe in (("dense", False), ("moe", True)):
+        part = summary([r for r in held_rows if r["moe"] == moe])
+        assert HELD_OUT_ERROR[kind]["runs"] == part["runs"], kind
+        assert HELD_OUT_ERROR[kind]["median"] == round(part["median"], 3), kind
+        assert HELD_OUT_ERROR[kind]["p90"] == round(part["p90"], 3), kind
+    assert sum(e["runs"] for e in HELD_OUT_ERROR.values()) == held["runs"]
+    # The dense models' held-out runs keep issue 29's error bounds (41 runs, 2026-11-30: median
+    # 3.2%, max 14.8%, Megatron-Bridge 25.11's Llama 3 8B MXFP8 on 8 GB200s +10.9% next); the MoE
+    # runs' hold the maximum above (median 6.1%, max 64.8%).
+    dense = summary([r for r in held_rows if not r["moe"]])
+    assert dense["median"] <= 0.05 and dense["max"] <= 0.15
 
 
 def test_margins_count_the_misses_alone() -> None:
@@ -275,7 +284,9 @@ def test_the_releases_moe_settings_are_priced_but_do_not_move_the_split() -> Non
     assert moe_settings("Qwen3 235B-A22B", "GB200", "bf16", 26.02)[0].endswith("=flex")
     # 26.02's container had no DeepEP (the release's known issues): its H100 Qwen3 30B-A3B recipe's
     # DeepEP ran as the alltoall, as 25.11's; 26.02.01 on took HybridEP.
-    qwen30 = [moe_settings("Qwen3 30B-A3B", "H100", "fp8_cs", r)[0] for r in (25.11, 26.02, 26.0201)]
+    qwen30 = [
+        moe_settings("Qwen3 30B-A3B", "H100", "fp8_cs", r)[0] for r in (25.11, 26.02, 26.0201)
+    ]
     assert [s.rsplit("=", 1)[1] for s in qwen30] == ["alltoall", "alltoall", "flex"]
     runs, _ = load()
     (h100,) = [r for r in runs if r.id == "mb2511-qwen3235ba22b-h100-fp8cs-256"]

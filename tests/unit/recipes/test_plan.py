@@ -302,16 +302,33 @@ def test_plan_prints_its_accuracy_and_the_plans_within_it(
     speeds = [
         float(line.split()[-5].replace(",", "")) for line in lines if line[:2].strip().isdigit()
     ]
-    median = HELD_OUT_ERROR["median"]
+    median = HELD_OUT_ERROR["dense"]["median"]
     close = sum(1 for v in speeds if v >= speeds[0] * (1 - median))
-    runs = HELD_OUT_ERROR["runs"]
+    runs = HELD_OUT_ERROR["dense"]["runs"]
     head = (
-        f"accuracy on {runs} NVIDIA runs not fitted on: median error {median:.1%}, 9 in 10 within"
+        f"accuracy on {runs} NVIDIA dense-model runs not fitted on: median error {median:.1%}, "
+        "9 in 10 within"
     )
     assert any(line.startswith(head) for line in lines)
     within = f"  plans 1-{close} are within {median:.1%} of the first"
     assert any(line.startswith(within) for line in lines) == (close > 1)
     assert not any("A100" in line for line in lines)  # H100s: the held-out part's GPUs
+
+
+def test_plan_of_an_moe_model_prints_the_moe_runs_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An MoE model's plan is worth what the model's MoE predictions are: the held-out MoE runs'
+    error, not the dense runs' (or one figure of both)."""
+    assert main(["plan", "qwen3_30b_a3b_pretrain", "--nodes", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    moe = HELD_OUT_ERROR["moe"]
+    assert moe["median"] > HELD_OUT_ERROR["dense"]["median"]
+    assert (
+        f"accuracy on {moe['runs']:.0f} NVIDIA MoE runs not fitted on: median error "
+        f"{moe['median']:.1%}, 9 in 10 within {moe['p90']:.1%}\n"
+    ) in out
+    assert "dense-model runs" not in out
 
 
 def test_plan_on_a100s_adds_the_a100_runs_error(capsys: pytest.CaptureFixture[str]) -> None:
