@@ -150,8 +150,8 @@ def test_report_and_todays_bounds(
         assert HELD_OUT_ERROR[kind]["p90"] == round(part["p90"], 3), kind
     assert sum(e["runs"] for e in HELD_OUT_ERROR.values()) == held["runs"]
     # The dense models' held-out runs keep issue 29's error bounds (41 runs, 2026-11-30: median
-    # 3.2%, max 14.8%, Megatron-Bridge 25.11's Llama 3 8B MXFP8 on 8 GB200s +10.9% next); the MoE
-    # runs' hold the maximum above (median 6.1%, max 64.8%).
+    # 3.2%, max 14.8%, DGX Cloud 25.01's GPT-3 175B FP8 on 1,024 H100s); the MoE runs hold the
+    # maximum above (median 6.1%, max 64.8%).
     dense = summary([r for r in held_rows if not r["moe"]])
     assert dense["median"] <= 0.05 and dense["max"] <= 0.15
 
