@@ -12,27 +12,20 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py --noise                # the table's own spread across
                                                      # releases of one configuration
 
---table also says which way the planner's first layout differs where the published one is not in
-its five best (`missed`), how much faster the model prices its first and fifth there (`margins`),
-and how the predicted gain of FP8 over BF16 compares with NVIDIA's where one layout ran in both
-in one release (`precisions`).
+--table also gives each part's dense and MoE runs apart (`show_kinds`), which way the planner's
+first layout differs where the published one is not in its five best (`missed`), how much faster
+the model prices its first and fifth there (`margins`), and the predicted gain of FP8 over BF16
+against NVIDIA's where one layout ran in both in one release (`precisions`).
 
-How CONSTANTS in config/cost/constants.py were set: the rates and bandwidths from the sources named there,
-then the calibrated ones by hand and by small grids with --set against this table (the MoE one:
-expert_half_dim). --search moves one constant at a time by 10% while the loss (median
-absolute error, plus the mean, plus a penalty per published layout ranked below 5th) falls; from the
-table's values no such move lowers it by more than 0.002. On a lent GPU, `make gpu-check`'s
-calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU proxy: try
-such a fit here with --set before it moves into the table.
-
-Blackwell's constants (the `_blackwell` ones, gemm_fp4, blackwell_ultra) were fitted with
---table --search --only on the calibration part, from H100's values (--search keeps every
-constant inside config/cost/constants.py's BOUNDS); stage_overhead_s, which moves the ranks more
-than the errors, by comparing values on the calibration part's errors and ranks:
-
-    .venv/bin/python bench/plan_calibration.py --table --compare stage_overhead_s=8.1e-5,2e-4,4e-4
-
-The held-out part (bench/published_table.py's split) is only ever printed.
+CONSTANTS in config/cost/constants.py: rates and bandwidths from the sources named there, the
+calibrated ones by hand, by small grids with --set and by --search (one constant at a time by 10%,
+inside BOUNDS, while the loss falls: median absolute error, plus the mean, plus a penalty per
+published layout ranked below 5th); Blackwell's (`_blackwell`, gemm_fp4, blackwell_ultra) with
+--table --search --only on the calibration part; stage_overhead_s, which moves the ranks more than
+the errors, with --table --compare stage_overhead_s=8.1e-5,2e-4,4e-4. On a lent GPU, `make
+gpu-check`'s calibrate step (bench/perf_one_gpu.py) fits gemm_bf16 and attention to the one-GPU
+proxy: try such a fit here with --set before it moves into the table. The held-out part
+(bench/published_table.py's split) is only ever printed.
 """
 
 from __future__ import annotations
@@ -354,6 +347,16 @@ def show(rows: list[dict]) -> None:
     )
 
 
+def show_kinds(rows: list[dict]) -> None:
+    """`summary` of the dense and the MoE runs of `rows` apart (`recipes plan` prints its kind's)."""
+    for moe, kind in ((False, "dense"), (True, "MoE")):
+        if part := [r for r in rows if r["moe"] == moe]:
+            s = summary(part)
+            ranks = f", top 5 {s['top5']:.0%} (tied {s['top5_tied']:.0%})" if s["top5"] == s["top5"] else ""  # fmt: skip
+            print(f"  {kind}: {s['runs']} runs, median |error| {s['median']:.1%}, 90th percentile "
+                  f"{s['p90']:.1%}, max {s['max']:.1%}{ranks}")  # fmt: skip
+
+
 def show_table(rows: list[dict]) -> None:
     _print_rows(sorted(rows, key=lambda r: r["run"].name), 40, gpus=True)
     s = summary(rows)
@@ -366,6 +369,7 @@ def show_table(rows: list[dict]) -> None:
             else "not ranked"
         )
     )
+    show_kinds(rows)
 
 
 def search(
@@ -419,24 +423,14 @@ def main() -> None:
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", help="name,name: the constants --search may move (default: all)")
-    parser.add_argument(
-        "--speed", action="store_true", help="time the DeepSeek-V3 1,024-GPU search"
-    )
+    parser.add_argument("--speed", action="store_true", help="time DeepSeek-V3's 1,024-GPU search")
     parser.add_argument("--set", nargs="*", default=[], help="name=value: try other constants")
     parser.add_argument(
         "--compare",
         help="name=v1,v2,...: with --table, the calibration part's errors and ranks at each value",
     )
-    parser.add_argument(
-        "--noise",
-        action="store_true",
-        help="how far one configuration's published figure moved between releases",
-    )
-    parser.add_argument(
-        "--table",
-        action="store_true",
-        help="bench/data/published_perf.csv: calibration and held out",
-    )
+    parser.add_argument("--noise", action="store_true", help="one configuration across releases")
+    parser.add_argument("--table", action="store_true", help="published_perf.csv's two parts")
     args = parser.parse_args()
     constants = dict(perf.VALUES)
     constants.update({k: float(v) for k, v in (item.split("=") for item in args.set)})
@@ -481,9 +475,10 @@ def main() -> None:
                 first, fifth = (spread(list(m)) for m in zip(*gaps, strict=True))
                 print(f"  there the planner prices its first layout a median {first['median']:+.1%} faster than the "
                       f"published one (at most {first['max']:+.1%}), its fifth {fifth['median']:+.1%} ({fifth['max']:+.1%})")  # fmt: skip
-        s = summary(table(constants, superseded(), ranked=False))
+        s = summary(older := table(constants, superseded(), ranked=False))
         print(f"\nolder releases of these configurations ({s['runs']} runs, never fitted on): "
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
+        show_kinds(older)
         show_precisions(precisions(table(constants, load_table()[0], ranked=False)))
         rows = table(constants, megatron_lm_2021(), ranked=False)
         print(f"\nMegatron-LM's A100 runs of 2021 ({len(rows)}, never fitted on):")

@@ -30,6 +30,7 @@ from bench.plan_calibration import (
     missed,
     precisions,
     scaling,
+    show_kinds,
     show_precisions,
     show_table,
     summary,
@@ -154,6 +155,20 @@ def test_report_and_todays_bounds(
     # maximum above (median 6.1%, max 64.8%).
     dense = summary([r for r in held_rows if not r["moe"]])
     assert dense["median"] <= 0.05 and dense["max"] <= 0.15
+
+
+def test_show_kinds_prints_the_dense_and_moe_runs_apart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--table's line per kind under each part: its runs' count and errors (ranks where ranked)."""
+    errors = ((False, 0.01), (False, -0.03), (True, 0.2))
+    show_kinds([{"moe": moe, "error": e, "ranked": False} for moe, e in errors])
+    assert capsys.readouterr().out.splitlines() == [
+        "  dense: 2 runs, median |error| 2.0%, 90th percentile 1.0%, max 3.0%",
+        "  MoE: 1 runs, median |error| 20.0%, 90th percentile 20.0%, max 20.0%",
+    ]
+    show_kinds([{"moe": False, "error": 0.05, "ranked": True, "rank": 3, "tied": 3}])
+    assert capsys.readouterr().out.endswith(", top 5 100% (tied 100%)\n")
 
 
 def test_margins_count_the_misses_alone() -> None:
