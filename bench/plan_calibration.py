@@ -347,14 +347,19 @@ def show(rows: list[dict]) -> None:
     )
 
 
+def kinds(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """`summary` of the dense and the MoE runs of `rows` apart, keyed as HELD_OUT_ERROR (the
+    figures `recipes plan` prints for its model's kind); a kind without runs is left out."""
+    parts = {kind: [r for r in rows if r["moe"] == moe] for kind, moe in (("dense", False), ("moe", True))}  # fmt: skip
+    return {kind: summary(part) for kind, part in parts.items() if part}
+
+
 def show_kinds(rows: list[dict]) -> None:
-    """`summary` of the dense and the MoE runs of `rows` apart (`recipes plan` prints its kind's)."""
-    for moe, kind in ((False, "dense"), (True, "MoE")):
-        if part := [r for r in rows if r["moe"] == moe]:
-            s = summary(part)
-            ranks = f", top 5 {s['top5']:.0%} (tied {s['top5_tied']:.0%})" if s["top5"] == s["top5"] else ""  # fmt: skip
-            print(f"  {kind}: {s['runs']} runs, median |error| {s['median']:.1%}, 90th percentile "
-                  f"{s['p90']:.1%}, max {s['max']:.1%}{ranks}")  # fmt: skip
+    """`kinds` of `rows`, a line each."""
+    for kind, s in kinds(rows).items():
+        ranks = f", top 5 {s['top5']:.0%} (tied {s['top5_tied']:.0%})" if s["top5"] == s["top5"] else ""  # fmt: skip
+        print(f"  {'MoE' if kind == 'moe' else kind}: {s['runs']} runs, median |error| "
+              f"{s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}{ranks}")  # fmt: skip
 
 
 def show_table(rows: list[dict]) -> None:
