@@ -140,9 +140,9 @@ def superseded() -> list[TableRun]:
     return [r for r in runs if id(r) not in kept and not fitted_before(r)]
 
 
-def megatron_lm_2021() -> list[TableRun]:
-    """Megatron-LM's runs of April 2021 on 32-3,072 A100s, priced with what it ran (MEGATRON_LM_2021
-    in bench/published_models.py): a third check, another GPU and software, never fitted on."""
+def megatron_lm_a100() -> list[TableRun]:
+    """Megatron-LM's A100 runs (NVIDIA's of 2021, JSC's of 2023 on 4-GPU nodes), priced with what
+    each release ran (MEGATRON_LM_2021, _2023): a third check, never fitted on."""
     return [r for r in load_table()[0] if not is_current(r)]
 
 
@@ -485,8 +485,8 @@ def main() -> None:
               f"median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, max {s['max']:.1%}")  # fmt: skip
         show_kinds(older)
         show_precisions(precisions(table(constants, load_table()[0], ranked=False)))
-        rows = table(constants, megatron_lm_2021(), ranked=False)
-        print(f"\nMegatron-LM's A100 runs of 2021 ({len(rows)}, never fitted on):")
+        rows = table(constants, megatron_lm_a100(), ranked=False)
+        print(f"\nMegatron-LM's A100 runs of 2021 and 2023 ({len(rows)}, never fitted on):")
         for r in rows:
             print(f"  {r['run'].id:34s} {r['run'].tokens_per_s_per_gpu:8.1f} {r['predicted']:8.1f} {r['error']:+6.1%}")  # fmt: skip
         return

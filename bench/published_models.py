@@ -41,6 +41,12 @@ GPT_2021 = {
 }  # fmt: skip
 RECIPES.update(dict.fromkeys(GPT_2021, "llama3_8b_pretrain"))
 
+# The GPT models of JSC's Megatron-LM benchmark on JUWELS Booster (FZJ-JSC/jubench-megatron-lm
+# DESCRIPTION.md and benchmark/jube/nlp_benchmark.yaml @ d79ae122f7): name -> (layers, hidden,
+# heads); GPT-2's architecture and vocabulary (50,257) with rotary positions, an MLP of 4x.
+GPT_JUBE = {"GPT 13B": (40, 5120, 32), "GPT 175B": (96, 12288, 96)}
+RECIPES.update(dict.fromkeys(GPT_JUBE, "llama3_8b_pretrain"))
+
 # What Megatron-LM of April 2021 ran in those runs (CONFIG.sh, run_table_1.sh: --fp16, full
 # recompute of every layer, Megatron's unfused attention, its default dropout of 0.1), and what
 # it did not have yet: sequence parallelism, the distributed optimizer.
@@ -52,9 +58,25 @@ MEGATRON_LM_2021 = [
 ]  # fmt: skip
 
 
-def megatron_lm_settings(notes: str) -> list[str]:
-    """MEGATRON_LM_2021, and the row's DDP: PyTorch's overlaps the gradients' all-reduce with the
+# What Megatron-LM of October 2023 ran in JSC's JUBE benchmark (FZJ-JSC/jubench-megatron-lm
+# benchmark/jube/nlp_benchmark.yaml @ d79ae122f7, Megatron-LM f772743329): flash attention,
+# sequence parallelism, the distributed optimizer, selective recompute of the core attention; that
+# release's defaults: gradients reduced and parameters gathered after the step's compute, not
+# behind it (--overlap-grad-reduce, --overlap-param-gather unset), dropout 0.1.
+MEGATRON_LM_2023 = [
+    "optimizer.use_distributed_optimizer=true", "model.recompute_granularity=selective",
+    "model.recompute_modules=core_attn", "parallel.overlap_grad_reduce=false",
+    "parallel.overlap_param_gather=false", "model.attention_dropout=0.1",
+    "model.hidden_dropout=0.1",
+]  # fmt: skip
+
+
+def megatron_lm_settings(software: str, notes: str) -> list[str]:
+    """What the row's Megatron-LM ran: MEGATRON_LM_2023 for JSC's runs of 2023; for NVIDIA's of
+    2021 MEGATRON_LM_2021 and the row's DDP: PyTorch's overlaps the gradients' all-reduce with the
     backward, Megatron's "local" one all-reduces them after it."""
+    if software.startswith("Megatron-LM 23."):
+        return list(MEGATRON_LM_2023)
     overlap = "--DDP-impl torch" in notes
     return [*MEGATRON_LM_2021, f"parallel.overlap_grad_reduce={str(overlap).lower()}"]
 
@@ -141,6 +163,20 @@ ARCHITECTURES.update(
         for name, (layers, h, heads) in GPT_2021.items()
     }
 )
+ARCHITECTURES.update(
+    {
+        name: [
+            *ARCHITECTURES["GPT-3 175B"],
+            f"model.num_layers={layers}",
+            f"model.hidden_size={h}",
+            f"model.ffn_hidden_size={4 * h}",
+            f"model.num_attention_heads={heads}",
+            f"model.kv_channels={h // heads}",
+            "model.position_embedding_type=rope",
+        ]
+        for name, (layers, h, heads) in GPT_JUBE.items()
+    }
+)
 
 
 def loss_settings(model: str, software: str) -> list[str]:
@@ -162,3 +198,22 @@ def loss_settings(model: str, software: str) -> list[str]:
         or (model == "DeepSeek-V3" and version >= 25.04)
     )
     return ["model.cross_entropy_fusion_impl=te"] if te else []
+
+
+def notes_overrides(notes: str) -> list[str]:
+    """What the row's Megatron-Bridge performance recipe sets that the model prices."""
+    out = []
+    m = re.search(r"recompute_modules=\[([^\]]*)\]", notes)
+    modules = [x.strip(" '\"") for x in m.group(1).split(",") if x.strip()] if m else []
+    if modules:
+        out.append("model.recompute_granularity=selective")
+        out.append(f"model.recompute_modules={','.join(modules)}")
+    if "dispatcher='flex'" in notes:
+        out.append("model.moe_token_dispatcher_type=flex")
+        backend = "hybridep" if "hybridep" in notes.lower() else "deepep"
+        out.append(f"model.moe_flex_dispatcher_backend={backend}")
+    if "overlap_moe_expert_parallel_comm=True" in notes:
+        out.append("parallel.overlap_moe_expert_parallel_comm=true")
+    if "overlap_grad_reduce=False" in notes:  # the gradients reduced after the backward
+        out.append("parallel.overlap_grad_reduce=false")
+    return out

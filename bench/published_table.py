@@ -5,7 +5,7 @@ layout, precision, batch and sequence as overrides, on the row's GPUs.
 The table (one row per published figure, its source and commit in `source`) holds every public
 NVIDIA figure a session could find: Megatron-Bridge's performance summaries 25.09-26.08 and their
 archive, DGX Cloud benchmarking (dgxc-benchmarking v24.11-v25.05), NeMo's summaries 24.03-25.07,
-and Megatron-LM's A100 runs of 2021 (priced with what it ran then, apart from the split: `current`).
+Megatron-LM's A100 runs of 2021, and JSC's of 2023 (priced as each ran, apart from the split: `current`).
 Columns printed wrong are read as run (bench/published_corrections.py). `newest()` keeps one row
 per configuration (its newest release); `split()` divides them by a hash with a fixed seed into a
 calibration part and a held-out part (a third): identical configurations fall on the same side,
@@ -29,7 +29,9 @@ from bench.published_models import (
     RECIPES,
     loss_settings,
     megatron_lm_settings,
+    notes_overrides,
 )
+from config.hardware import GPUS
 
 if TYPE_CHECKING:
     from config.hardware import Cluster
@@ -49,6 +51,7 @@ CURRENT_SINCE = 24.0  # releases before: Megatron-LM's of 2021 (`current`)
 # least error of 25-100 (bench/plan_calibration.py --table); GB300s' racks keep their data sheet.
 SYSTEMS: dict[str, tuple[str, int, float | None]] = {
     "A100": ("a100", 8, None),  # Selene's DGX A100 80 GB: an HDR NIC per GPU (25 GB/s)
+    "JUWELS Booster": ("a100-40g", 4, None),  # JSC's: 4 A100 40 GB a node, a NIC each (SITES.md)
     "H100": ("h100", 8, None),
     "H200": ("h200", 8, None),
     "B200": ("b200", 8, None),
@@ -301,25 +304,6 @@ def _int(text: str, default: int | None = None) -> int | None:
     return int(float(text)) if text.strip() else default
 
 
-def _notes_overrides(notes: str) -> list[str]:
-    """What the row's Megatron-Bridge performance recipe sets that the model prices."""
-    out = []
-    m = re.search(r"recompute_modules=\[([^\]]*)\]", notes)
-    modules = [x.strip(" '\"") for x in m.group(1).split(",") if x.strip()] if m else []
-    if modules:
-        out.append("model.recompute_granularity=selective")
-        out.append(f"model.recompute_modules={','.join(modules)}")
-    if "dispatcher='flex'" in notes:
-        out.append("model.moe_token_dispatcher_type=flex")
-        backend = "hybridep" if "hybridep" in notes.lower() else "deepep"
-        out.append(f"model.moe_flex_dispatcher_backend={backend}")
-    if "overlap_moe_expert_parallel_comm=True" in notes:
-        out.append("parallel.overlap_moe_expert_parallel_comm=true")
-    if "overlap_grad_reduce=False" in notes:  # the gradients reduced after the backward
-        out.append("parallel.overlap_grad_reduce=false")
-    return out
-
-
 def release(software: str) -> float:
     """YY.MM(.PP) of a software string as a number: "Megatron-Bridge 26.02.01 (...)" -> 26.0201."""
     yy, mm, patch = re.findall(r"(\d\d)\.(\d\d)(?:\.(\d\d))?", software)[-1]
@@ -365,9 +349,11 @@ def why_unpriced(row: dict[str, str]) -> str | None:
         return "no tokens/s or micro batch published (long-sequence table)"
     if "PROXY" in row["notes"]:
         return "a proxy with fewer layers than the model"
+    if "STARTUP" in row["notes"]:
+        return "a mean over too few iterations: the first ones' start-up weighs in it"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']}"
-    if row["system"] not in ("A100", "H100", "H200") and release(row["software"]) < BLACKWELL_SINCE:
+    if GPUS[SYSTEMS[row["system"]][0]].mxfp8 and release(row["software"]) < BLACKWELL_SINCE:
         return (
             f"Blackwell software before {BLACKWELL_SINCE}: DeepSeek-V3 on 256 GB200s ran 958 "
             "tokens/s/GPU on NeMo 25.04 (dgxc v25.05.05), 3,454 on Megatron-Bridge 25.09"
@@ -406,10 +392,10 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 overrides.append(f"parallel.expert_tensor_parallel_size={_int(row['etp'])}")
             if row["fsdp"].strip() == "1":
                 overrides.append("parallel.use_megatron_fsdp=true")
-            overrides += _notes_overrides(row["notes"])
+            overrides += notes_overrides(row["notes"])
             settings = loss_settings(row["model"], row["software"])
             if row["software"].startswith("Megatron-LM"):  # its 2021 runs: what it ran then
-                settings += megatron_lm_settings(row["notes"])
+                settings += megatron_lm_settings(row["software"], row["notes"])
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
                 settings += moe_settings(*key) + fused_settings(*key) + recompute_settings(*key)
@@ -454,8 +440,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
 
 def is_current(r: TableRun) -> bool:
     """Whether the run is of Megatron-Core's releases (NeMo 24.03 on), which the split divides:
-    Megatron-LM's A100 runs of 2021 are another generation's software, priced apart and never
-    fitted on."""
+    Megatron-LM's A100 runs of 2021 and 2023 are older software, priced apart and never fitted on."""
     return r.release >= CURRENT_SINCE
 
 

@@ -315,6 +315,7 @@ HELD_OUT_ERROR: dict[str, dict[str, float]] = {
     "dense": {"runs": 41, "median": 0.032, "p90": 0.100},
     "moe": {"runs": 23, "median": 0.061, "p90": 0.424},
 }
-# The same on A100s, which no run of that part used: Megatron-LM's of 2021, priced with what its
-# software ran (bench/plan_calibration.py megatron_lm_2021), never fitted on; `plan` on A100s.
-A100_ERROR: dict[str, float] = {"runs": 10, "median": 0.026, "max": 0.077}
+# The same on A100s, which no run of that part used: Megatron-LM's, NVIDIA's of 2021 on DGX A100s
+# and JSC's of 2023 on JUWELS Booster's 4-GPU nodes, each priced with what its software ran
+# (bench/plan_calibration.py megatron_lm_a100), never fitted on; `plan` on A100s.
+A100_ERROR: dict[str, float] = {"runs": 12, "median": 0.026, "max": 0.077}

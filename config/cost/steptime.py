@@ -42,8 +42,8 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 - LoRA (peft.scheme=lora): frozen weights skip their weight-gradient GEMMs, 2/3 of the GEMM time.
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
-consecutive ranks stays inside a domain, else over the network (config/hardware.py); a
-data-parallel ring that spans domains leaves each one through the NICs of all its members
+consecutive ranks stays inside a domain, else over the network (config/hardware.py); a ring (TP's,
+the data-parallel ones) that spans domains leaves each through the NICs of all its members
 there (`ring`), and each collective pays NCCL's latency per ring step (`ring_latency`). Megatron
 DDP's last gradient bucket and first parameter bucket stay exposed however long the backward and
 forward that hide the others: they grow with the data-parallel size (config/layout.py). Host
@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from config.cost import dataparallel, layers, offload
-from config.cost.collectives import slowest_of
+from config.cost.collectives import ring, slowest_of
 from config.cost.constants import CONSTANTS, KERNELS_PER_LAYER, VALUES
 from config.cost.memory import (
     ParamCount,
@@ -212,7 +212,7 @@ def layer_costs(
             * k[constant("attention", spec)]
             / (1 + k["attention_half_len"] * (c if par.cp_comm_type != "a2a" else 1) / s)
         )
-    tp = 8 * tokens * h * 2 * (t - 1) / t / link(t, t) * k["tp_exposed"] if t > 1 else 0.0
+    tp = 16 * tokens * h * (t - 1) / t / ring(cluster, t, 1, k) * k["tp_exposed"] if t > 1 else 0.0
     cp = 0.0
     if c > 1 and par.cp_comm_type == "a2a":  # heads for sequence: an alltoall among the CP
         # ranks of Q, K, V and the output forward, of their gradients backward; nothing hides it

@@ -51,7 +51,7 @@ def command(
 
 def accuracy(plans: list[Plan], moe: bool, a100: bool = False) -> list[str]:
     """What the ranking is worth: the model's error on NVIDIA runs of the same kind (dense or
-    `moe`) that it was not fitted on (on A100s, `a100`, also on the A100 runs of 2021), and the
+    `moe`) that it was not fitted on (on A100s, `a100`, also on Megatron-LM's A100 runs), and the
     plans that lie within its median of the first (the model cannot order those)."""
     error = HELD_OUT_ERROR["moe" if moe else "dense"]
     first = plans[0].step.tokens_per_s_per_gpu
@@ -62,7 +62,8 @@ def accuracy(plans: list[Plan], moe: bool, a100: bool = False) -> list[str]:
     ]
     if a100:
         lines.append(
-            f"  on A100s, {A100_ERROR['runs']:.0f} Megatron-LM runs of 2021 with their software: "
+            f"  on A100s, {A100_ERROR['runs']:.0f} Megatron-LM runs (NVIDIA's of 2021, JSC's of 2023 "
+            "on 4-GPU nodes) with their software: "
             f"median error {A100_ERROR['median']:.1%}, all within {A100_ERROR['max']:.1%}"
         )
     if close > 1:

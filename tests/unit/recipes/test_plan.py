@@ -334,7 +334,10 @@ def test_plan_of_an_moe_model_prints_the_moe_runs_error(
 def test_plan_on_a100s_adds_the_a100_runs_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "llama3_8b_pretrain", "--gpu", "a100", "--top", "3"]) == 0
     median = A100_ERROR["median"]
-    a100 = f"  on A100s, 10 Megatron-LM runs of 2021 with their software: median error {median:.1%}"
+    a100 = (
+        "  on A100s, 12 Megatron-LM runs (NVIDIA's of 2021, JSC's of 2023 on 4-GPU nodes) with "
+        f"their software: median error {median:.1%}"
+    )
     assert any(line.startswith(a100) for line in capsys.readouterr().out.splitlines())
 
 
