@@ -43,7 +43,7 @@ and a rank's time per microbatch is the sum over its layers (forward and backwar
 
 A group (TP, TP x CP, EP x ETP, the data-parallel ranks) talks over NVLink when its block of
 consecutive ranks stays inside a domain, else over the network (config/hardware.py); a ring (TP's,
-the data-parallel ones) that spans domains leaves each through the NICs of all its members
+CP's all-gather, data parallelism's) that spans domains leaves each through all its members' NICs
 there (`ring`), and each collective pays NCCL's latency per ring step (`ring_latency`). Megatron
 DDP's last gradient bucket and first parameter bucket stay exposed however long the backward and
 forward that hide the others: they grow with the data-parallel size (config/layout.py). Host
@@ -220,7 +220,7 @@ def layer_costs(
         cp = 2 * tokens * width * 2 * (c - 1) / c / link(t * c, c)
     elif c > 1 and par.cp_comm_type == "all_gather":  # whole K and V gathered forward and
         # again backward, their gradients reduce-scattered: before the attention, not behind it
-        cp = 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, c)
+        cp = 3 * (c - 1) * tokens * kv_width * 2 / ring(cluster, c, t, k)
     elif c > 1:  # the ring: each step a send to the next peer (one pair link), behind attention
         cp = max(0.0, 3 * (c - 1) * tokens * kv_width * 2 / link(t * c, 2) - attention)
 

@@ -143,3 +143,39 @@ def test_a_data_parallel_ring_leaves_a_domain_through_all_its_members_nics() -> 
     )  # fmt: skip
     step = predict(cfg, nvl72, derive(cfg, nvl72))
     assert step is not None and step.terms["dp"] < 0.25 * step.seconds
+
+
+def test_tp_and_cp_all_gather_rings_across_4_gpu_nodes_use_every_members_nic() -> None:
+    """TP 8 on 4-GPU nodes (JSC's GPT 175B benchmark on JUWELS Booster ran so) and CP's all-gather
+    across them are rings as the data-parallel ones are: each node's 4 members move them at 4
+    NICs' rate (25 GB/s each on JUWELS Booster), not at one NIC's. TP 4 stays on the mesh."""
+    booster = Cluster(2, 4, "a100-40g")
+    nic = booster.network * 1e9 * VALUES["network"]
+    assert ring(booster, 8, 1, VALUES) == pytest.approx(4 * nic)
+    layers = ["parallel.pipeline_model_parallel_size=1", "parallel.sequence_parallel=true"]
+    _, tp8 = resolve(
+        "llama3_8b_pretrain",
+        ["parallel.tensor_model_parallel_size=8", "parallel.context_parallel_size=1", *layers],
+    )
+    _, tp4 = resolve(
+        "llama3_8b_pretrain",
+        ["parallel.tensor_model_parallel_size=4", "parallel.context_parallel_size=1", *layers],
+    )
+    seconds = {
+        t: layer_costs(c, booster, derive(c, booster)).dense["tp"] for t, c in ((8, tp8), (4, tp4))
+    }
+    # 7/8 of the bytes at 4 NICs against 3/4 of them at 3 pair links of 100 GB/s
+    ratio = (7 / 8 / (4 * nic)) / (3 / 4 / (booster.nvlink(4) * 1e9 * VALUES["nvlink"]))
+    assert seconds[8] / seconds[4] == pytest.approx(ratio)
+    _, cp = resolve(
+        "llama3_8b_pretrain",
+        ["parallel.tensor_model_parallel_size=1", "parallel.context_parallel_size=8",
+         "parallel.cp_comm_type=all_gather", "parallel.pipeline_model_parallel_size=1"],
+    )  # fmt: skip
+    m = cp.model
+    tokens = m.seq_length * cp.train.micro_batch_size / 8
+    head = m.hidden_size // m.num_attention_heads
+    kv_bytes = tokens * 2 * m.num_query_groups * head * 2  # a rank's K and V, BF16
+    # gathered forward and backward, the gradients reduce-scattered: 3 x 7 shards at 4 NICs
+    gather = layer_costs(cp, booster, derive(cp, booster)).dense["cp"]
+    assert gather == pytest.approx(3 * 7 * kv_bytes / (4 * nic))
