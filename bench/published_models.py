@@ -149,33 +149,20 @@ ARCHITECTURES = {
         "model.activation=geglu",
     ],  # fmt: skip
 }
+
+
+def _gpt(layers: int, h: int, heads: int, *more: str) -> list[str]:
+    """GPT-3 175B's architecture at these widths (an MLP of 4x), then the overrides `more`."""
+    return [*ARCHITECTURES["GPT-3 175B"], f"model.num_layers={layers}", f"model.hidden_size={h}",
+            f"model.ffn_hidden_size={4 * h}", f"model.num_attention_heads={heads}",
+            f"model.kv_channels={h // heads}", *more]  # fmt: skip
+
+
 ARCHITECTURES.update(
-    {
-        name: [
-            *ARCHITECTURES["GPT-3 175B"],
-            f"model.num_layers={layers}",
-            f"model.hidden_size={h}",
-            f"model.ffn_hidden_size={4 * h}",
-            f"model.num_attention_heads={heads}",
-            f"model.kv_channels={h // heads}",
-            "model.vocab_size=51200",
-        ]
-        for name, (layers, h, heads) in GPT_2021.items()
-    }
+    {name: _gpt(*size, "model.vocab_size=51200") for name, size in GPT_2021.items()}
 )
 ARCHITECTURES.update(
-    {
-        name: [
-            *ARCHITECTURES["GPT-3 175B"],
-            f"model.num_layers={layers}",
-            f"model.hidden_size={h}",
-            f"model.ffn_hidden_size={4 * h}",
-            f"model.num_attention_heads={heads}",
-            f"model.kv_channels={h // heads}",
-            "model.position_embedding_type=rope",
-        ]
-        for name, (layers, h, heads) in GPT_JUBE.items()
-    }
+    {name: _gpt(*size, "model.position_embedding_type=rope") for name, size in GPT_JUBE.items()}
 )
 
 
