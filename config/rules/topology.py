@@ -17,6 +17,7 @@ the recipes floor (recipes/advice/): `recipes check` adds the fastest one to the
 
 from __future__ import annotations
 
+from config.cost.collectives import members
 from config.cost.steptime import StepTime, predict
 from config.finalize import Derived
 from config.hardware import SWITCH, Cluster
@@ -49,7 +50,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
             Problem(
                 TP,
                 f"TP={tp} spans {where}: every layer's TP all-reduce/all-gather, forward and "
-                f"backward, crosses the inter-node network{_slower(cluster, tp)}"
+                f"backward, crosses the inter-node network{_slower(cluster, tp, members(cluster, tp, 1))}"
                 f"{_cost(step, 'tp')}.",
             )
         )
@@ -80,20 +81,20 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
     return out
 
 
-def _slower(cluster: Cluster, group: int) -> str:
+def _slower(cluster: Cluster, group: int, nics: int = 1) -> str:
     """The network against what NVLink gives a group of `group` GPUs inside a domain
-    (Cluster.nvlink, the figure the step-time model prices the group with)."""
-    net = cluster.network
+    (Cluster.nvlink, the figure the step-time model prices the group with); a ring (TP's) leaves
+    each domain through the `nics` NICs of its members there (collectives.ring)."""
+    net = cluster.network * nics
     if not net:
         return ""
     nvl = cluster.nvlink(group)
     links = round(nvl / cluster.nvlink(2))  # of each GPU's direct pair links, in a mesh
     mesh = f" ({links} pair link{'s' * (links > 1)} per GPU, no NVSwitch)"
     mesh = "" if cluster.topology == SWITCH else mesh
-    return (
-        f"; the network carries {net:g} GB/s per GPU against NVLink's {nvl:g}{mesh}, "
-        f"{nvl / net:.0f}x less"
-    )
+    through = f" through the {nics} NICs of its members in each domain" if nics > 1 else ""
+    less = f"{nvl / net:.0f}x less" if nvl >= 1.5 * net else "about as much"
+    return f"; the network carries {net:g} GB/s per GPU{through} against NVLink's {nvl:g}{mesh}, {less}"
 
 
 def _cost(step: StepTime | None, term: str) -> str:
