@@ -338,6 +338,8 @@ def why_refused(run: TableRun) -> str | None:
 
 
 def why_unpriced(row: dict[str, str]) -> str | None:
+    if not row["tokens_per_s_per_gpu"].strip() or not row["mbs"].strip():
+        return "no tokens/s or micro batch published"
     if row["model"] not in RECIPES:
         return (
             f"no preset of {row['model']} in models/presets, nor its architecture written out "
@@ -345,8 +347,6 @@ def why_unpriced(row: dict[str, str]) -> str | None:
         )
     if row["system"] not in SYSTEMS:
         return f"no GPU kind for {row['system']}"
-    if not row["tokens_per_s_per_gpu"].strip() or not row["mbs"].strip():
-        return "no tokens/s or micro batch published (long-sequence table)"
     if "PROXY" in row["notes"]:
         return "a proxy with fewer layers than the model"
     if "STARTUP" in row["notes"]:
