@@ -41,7 +41,7 @@ TABLE = Path(__file__).resolve().parent / "data" / "published_perf.csv"
 SEED = 29  # the split's; never changed after the first fit
 HELD_OUT = 1 / 3
 BLACKWELL_SINCE = 25.09  # the first release whose Blackwell figures the model prices
-CURRENT_SINCE = 24.0  # releases before: Megatron-LM's of 2021 (`current`)
+CURRENT_SINCE = 24.0  # releases before: Megatron-LM's of 2021 and 2023 (`current`)
 
 # system -> (GPU kind in config/hardware.py, GPUs per node, network GB/s per GPU: None, the GPU
 # kind's). NVIDIA's DGX B300 runs cross nodes at a 400 Gb/s NIC's rate, not at the 800 Gb/s of
@@ -394,7 +394,7 @@ def load(path: Path = TABLE) -> tuple[list[TableRun], list[tuple[dict[str, str],
                 overrides.append("parallel.use_megatron_fsdp=true")
             overrides += notes_overrides(row["notes"])
             settings = loss_settings(row["model"], row["software"])
-            if row["software"].startswith("Megatron-LM"):  # its 2021 runs: what it ran then
+            if row["software"].startswith("Megatron-LM"):  # its runs of 2021, JSC's of 2023
                 settings += megatron_lm_settings(row["software"], row["notes"])
             if row["software"].startswith("Megatron-Bridge"):  # the release's own, last
                 key = (row["model"], row["system"], row["precision"], release(row["software"]))
