@@ -360,3 +360,11 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
             fan_in, fan_out = row[name]
             total += rank * fan_in / tp + fan_out * rank
     return total
+
+
+def host_waits(m: ModelConfig) -> bool:
+    """Whether the MoE layers wait on the host for their token counts: Megatron-Core's dropless
+    alltoall dispatcher syncs before its exchange (token_dispatcher.py, cuda_sync_point
+    before_ep_alltoall); padded token dropping knows every shape on the host."""
+    alltoall = m.moe_token_dispatcher_type == "alltoall"
+    return bool(m.num_moe_experts) and alltoall and not m.moe_pad_expert_input_to_capacity

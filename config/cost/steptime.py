@@ -5,9 +5,9 @@ login node, so nothing here imports torch. A step on the slowest pipeline rank i
 
     microbatches x (that rank's time per microbatch)          compute and exposed communication
   + (PP - 1) / VPP x (a mean rank's time per microbatch)      the pipeline bubble
-  + pipeline sends and a fixed cost per model chunk + data-parallel gradient/parameter traffic
-    not hidden + the optimizer step + the wait for the slowest GPU (below) + what the layers'
-    compute does not hide of CPU activation offloading's host copies (config/cost/offload.py)
+  + pipeline sends and a cost per model chunk (chunk_wait_s on the dropless alltoall) + data-
+    parallel traffic not hidden + the optimizer step + the wait for the slowest GPU (below) + what
+    the layers' compute does not hide of CPU activation offloading's host copies (offload.py)
 
 and a rank's time per microbatch is the sum over its layers (forward and backward) of:
 
@@ -299,9 +299,6 @@ def layer_costs(
         # and weight gradients; the fused grouped MLP one kernel for all the experts.
         launches = 0 if m.moe_fused_grouped_mlp else 6 * E // e
         launch = k["layer_overhead_s"] / KERNELS_PER_LAYER
-        # The dropless alltoall dispatcher waits on the host for the token counts before its
-        # exchange; the GPU then waits on the host for each local expert's work (alltoall_sync_s).
-        waits = m.moe_token_dispatcher_type == "alltoall" and not m.moe_pad_expert_input_to_capacity
         layer = {
             **dense,
             "gemm": attn_gemm + experts + shared + router,
@@ -309,7 +306,7 @@ def layer_costs(
             "ep": ep,
             "overhead": k["layer_overhead_s"]
             + launches * launch
-            + (k["alltoall_sync_s"] * (E // e) if waits else 0.0),
+            + (k["alltoall_sync_s"] * (E // e) if layers.host_waits(m) else 0.0),
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
         act = 2 if is_gated(m) else 1
@@ -485,10 +482,13 @@ def predict(
     nvl, net = cluster.nvlink(2) * 1e9 * k["nvlink"], cluster.network * 1e9 * k["network"]
     send = tokens * m.hidden_size * 2 / sp / (net if cluster.crosses(cluster.world_size) else nvl)
     step["p2p"] = microbatches * 2 * vpp * send * k["p2p_exposed"] if pp > 1 else 0.0
-    # Each model chunk of a rank costs every microbatch a fixed time of its own beyond its
-    # layers' (two sends and receives to post, the schedule's host work per chunk): what makes
-    # one layer per virtual stage no free lunch.
+    # Each model chunk costs every microbatch a fixed time beyond its layers' (two sends and
+    # receives to post, the schedule's host work): one layer per virtual stage is no free lunch.
     step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
+    if layers.host_waits(m) and vpp > 1:  # the interleaved schedule's chunks wait on the host
+        wait = k["chunk_wait_s"] * (m.num_moe_experts // par.expert_model_parallel_size)
+        wait -= k["chunk_wait_hidden"] * costs.moe["gemm"]  # what the layer's GEMMs hide
+        step["p2p"] += microbatches * vpp * max(0.0, wait)
     step["dp"], step["optimizer"] = dataparallel.seconds(
         cfg, cluster, derived, k, rank_params(costs.params, slowest), vpp, totals[slowest]
     )

@@ -39,10 +39,10 @@ KNOWN_MISSES = {
         "and layouts that keep the exchange on NVLink (EP 8 at PP 1 or 2, EP 4 at PP 2) are "
         "priced up to 4% faster (7% before each local expert's GEMM launches were priced): 8th. "
         "No published run measures them: the 26.02.01 row printed PP 2 VP 12 EP 8 ran "
-        "EP 16 (bench/published_corrections.py), and the EP 8 runs of 25.11 and 26.02 (PP 2, "
-        "overlapped: 5,275 dropless on the alltoall, 5,113 on DeepEP) are priced 65% and 81% "
-        "fast (25.11's 78% before its host waits were priced, alltoall_sync_s), for want of "
-        "what slows them"
+        "EP 16 (bench/published_corrections.py), and the EP 8 runs of 25.11 and 26.02 (PP 2 "
+        "with 24 and 12 virtual stages, overlapped, dropless on the alltoall: 5,275 and 5,113) "
+        "are priced +7% and -4% since their chunks wait on the dispatcher's host sync "
+        "(chunk_wait_s; +65% and +55% before, 25.11's +78% before alltoall_sync_s)"
     ),
     "DeepSeek-V3 FP8 blockwise, 1024 GPUs": (
         "priced as published (DeepEP, the alltoall overlapped), the published layout is "

@@ -129,11 +129,11 @@ def test_report_and_todays_bounds(
             print(f"  {group}: {n} layouts, {rho:+.2f}")
     cal, held = summary(calibration_rows), summary(held_rows)
     assert cal["median"] <= 0.05
-    # max 78% and 90th percentile 15.3% before the dropless alltoall's host waits were priced
-    # (alltoall_sync_s, 2026-11-29): Qwen3 30B-A3B on 16 H100s, dropless, is priced +65%. 90th
+    # max 64.8% before the interleaved chunks' wait on the dropless alltoall (chunk_wait_s), 78%
+    # and 90th percentile 15.3% before its host waits (alltoall_sync_s, 2026-11-29). 90th
     # percentile 15.0% before the output layer took gemm_bf16 on Blackwell (2026-11-29, eleventh
     # session): DeepSeek-V3 on 256 B200s and B300s from -22% and -19% to -9% and -5%.
-    assert held["median"] <= 0.05 and held["max"] <= 0.70 and held["p90"] <= 0.12
+    assert held["median"] <= 0.05 and held["max"] <= 0.50 and held["p90"] <= 0.12
     # 56% (62% with ties) before the experts' launches were priced and the constants refitted
     # (2026-11-29): three held-out layouts went from 5th to 6th, one from 8th to 2nd; 52% (59%)
     # before the host waits, which moved Grok-1 FP8 on 2,048 H100s from 6th to 5th; 54% (60%)
@@ -144,8 +144,10 @@ def test_report_and_todays_bounds(
     # host, which moved Llama 3.1 405B FP8 on 128 GB200s (FSDP, offloading) from below 10th to 2nd.
     assert held["top5"] >= 0.62 and held["top5_tied"] >= 0.68  # 40 and 44 of 64: listed; tied
     # Where it is not, it misses by less than the model's median error: the planner prices its
-    # fifth layout a median 2.0% faster than the published one, its first 4.2% (2026-11-30).
-    assert fifth <= min(0.025, held["median"]) and first <= 0.05
+    # fifth layout a median 2.9% faster than the published one, its first 4.7% (2026-11-30); 2.0%
+    # and 4.2% before the interleaved chunks' wait on the dropless alltoall (chunk_wait_s), which
+    # prices NVIDIA's virtual stages there slower (Qwen3 30B-A3B on 16 H100s: +64.8% to +7.4%).
+    assert fifth <= min(0.03, held["median"]) and first <= 0.05
     # What `recipes plan` prints as its accuracy is today's, dense and MoE apart
     # (config/cost/constants.py).
     by_kind = kinds(held_rows)
@@ -158,7 +160,7 @@ def test_report_and_todays_bounds(
     # The dense models' held-out runs stay within a 5% median and a 15% maximum error, the
     # bounds the planner is held to (41 runs, 2026-11-30: median 3.2%, max 14.8%, DGX Cloud
     # 25.01's GPT-3 175B FP8 on 1,024 H100s); the MoE runs hold the maximum above (median 6.1%,
-    # max 64.8%).
+    # max 46.2%).
     assert by_kind["dense"]["median"] <= 0.05 and by_kind["dense"]["max"] <= 0.15
 
 
@@ -416,3 +418,23 @@ def test_grok_1s_experts_whole_on_each_gpu_gain_what_nvidia_measured(precision: 
     predicted = evaluate(after, k, False)["predicted"] / evaluate(before, k, False)["predicted"]
     measured = after.tokens_per_s_per_gpu / before.tokens_per_s_per_gpu
     assert abs(predicted - measured) <= 0.03
+
+
+def test_interleaved_chunks_wait_on_the_dropless_alltoalls_host_syncs() -> None:
+    """NVIDIA ran Qwen3 235B-A22B MXFP8 on 256 GPUs in Megatron-Bridge 26.02 on the dropless
+    alltoall with 16 local experts: at PP 8 with 4 virtual stages on B300s, 2,691 tokens/s/GPU;
+    at PP 8 without on B200s, 3,805. The B300 is the faster GPU: only the chunks' wait on the
+    dispatcher's host sync (chunk_wait_s) orders them as measured (+13.4% and -2.9%, where the
+    B300's was +68%); without virtual stages nothing waits."""
+    runs = {r.id: r for r in load()[0]}
+    chunks, plain = (
+        runs["mb2602-qwen3235ba22b-b300-fp8mx-256"],
+        runs["mb2602-qwen3235ba22b-b200-fp8mx-256"],
+    )
+    priced = {r["run"].id: r for r in table(dict(perf.VALUES), [chunks, plain], ranked=False)}
+    assert priced[chunks.id]["predicted"] < priced[plain.id]["predicted"]
+    assert all(abs(r["error"]) <= 0.15 for r in priced.values())
+    still = dict(perf.VALUES, chunk_wait_s=0.0)
+    before = {r["run"].id: r for r in table(still, [chunks, plain], ranked=False)}
+    assert before[chunks.id]["predicted"] > 1.2 * before[plain.id]["predicted"]
+    assert before[plain.id]["predicted"] == priced[plain.id]["predicted"]
