@@ -486,7 +486,7 @@ def predict(
     # receives to post, the schedule's host work): one layer per virtual stage is no free lunch.
     step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
     if layers.host_waits(m) and vpp > 1:  # the interleaved schedule's chunks wait on the host
-        wait = k["chunk_wait_s"] * (m.num_moe_experts // par.expert_model_parallel_size)
+        wait = k["chunk_wait_s"] * ((m.num_moe_experts or 0) // par.expert_model_parallel_size)
         wait -= k["chunk_wait_hidden"] * costs.moe["gemm"]  # what the layer's GEMMs hide
         step["p2p"] += microbatches * vpp * max(0.0, wait)
     step["dp"], step["optimizer"] = dataparallel.seconds(
