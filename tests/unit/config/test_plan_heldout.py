@@ -434,7 +434,7 @@ def test_interleaved_chunks_wait_on_the_dropless_alltoalls_host_syncs() -> None:
     priced = {r["run"].id: r for r in table(dict(perf.VALUES), [chunks, plain], ranked=False)}
     assert priced[chunks.id]["predicted"] < priced[plain.id]["predicted"]
     assert all(abs(r["error"]) <= 0.15 for r in priced.values())
-    still = dict(perf.VALUES, chunk_wait_s=0.0)
-    before = {r["run"].id: r for r in table(still, [chunks, plain], ranked=False)}
+    no_wait = dict(perf.VALUES, chunk_wait_s=0.0)
+    before = {r["run"].id: r for r in table(no_wait, [chunks, plain], ranked=False)}
     assert before[chunks.id]["predicted"] > 1.2 * before[plain.id]["predicted"]
     assert before[plain.id]["predicted"] == priced[plain.id]["predicted"]
