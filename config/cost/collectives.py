@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from config.hardware import Cluster
+from config.hardware import Cluster, GpuSpec
 
 
 def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> float:
@@ -18,10 +18,19 @@ def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> floa
     the NICs of all its members there: n members move it at n NICs' rate, up to NVLink's. Two
     DGX H100s (8 members each, 8 NICs of 50 GB/s) measure ~360-400 GB/s all-reduce bus
     bandwidth in nccl-tests, an NVLink-class figure, where one NIC would give 45."""
-    nvl = cluster.nvlink(group) * 1e9 * k["nvlink"]
+    return _ring(cluster, cluster.spec, group, stride, k["nvlink"], k["network"])
+
+
+@lru_cache(maxsize=4096)
+def _ring(
+    cluster: Cluster, spec: GpuSpec, group: int, stride: int, nvlink: float, network: float
+) -> float:
+    """ring() for the constants' two efficiencies, cached by the GPU kind's figures too (the
+    planner asks for a few groups thousands of times)."""
+    nvl = cluster.nvlink(group) * 1e9 * nvlink
     if not cluster.crosses(group * stride):
         return nvl
-    return min(nvl, members(cluster, group, stride) * cluster.network * 1e9 * k["network"])
+    return min(nvl, members(cluster, group, stride) * cluster.network * 1e9 * network)
 
 
 def ring_latency(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> float:
@@ -29,12 +38,18 @@ def ring_latency(cluster: Cluster, group: int, stride: int, k: dict[str, float])
     beyond its bytes, as NCCL's tuning model prices it (src/graph/tuning.cc): a base latency and
     one per step of the ring, group - 1 steps, those that leave an NVLink domain at the
     network's latency."""
-    domains = -(-group // members(cluster, group, stride))
+    domains = _domains(cluster, cluster.spec, group, stride)
     return (
         k["ring_base_s"]
         + (group - domains) * k["ring_step_nvlink_s"]
         + (domains - 1) * k["ring_step_network_s"]
     )
+
+
+@lru_cache(maxsize=4096)
+def _domains(cluster: Cluster, spec: GpuSpec, group: int, stride: int) -> int:
+    """The NVLink domains `group` ranks `stride` apart span."""
+    return -(-group // members(cluster, group, stride))
 
 
 def members(cluster: Cluster, group: int, stride: int) -> int:

@@ -64,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from math import sumprod
 
 from config.cost import dataparallel, layers, offload
 from config.cost.collectives import ring, slowest_of
@@ -452,9 +453,9 @@ def predict(
         loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
     selective = selective_terms(costs, selective_modules(m))
     weights = (*costs.per_slot, *(sum(t.values()) for t in selective))
-    totals = {load: sum(n * w for n, w in zip(load, weights, strict=True)) for load in set(loads)}
+    totals = {load: sumprod(load, weights) for load in set(loads)}
     slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
-    mean = sum(totals[load] for load in loads) / pp
+    mean = sum(map(totals.__getitem__, loads)) / pp
     if detail:
         terms = _rank_terms(costs, slowest, selective)
         step = {name: microbatches * value for name, value in terms.items()}
@@ -466,10 +467,9 @@ def predict(
         unpaired = warm / vpp * (slowest[1] + slowest[3]) * costs.ep_unpaired  # its MoE layers
         step["ep" if detail else "layers"] += unpaired
     step["bubble"] = (pp - 1) / vpp * mean if pp > 1 else 0.0
-    # Every step waits for the slowest of the job's GPUs: its layers' compute takes
-    # gpu_speed_sigma x slowest_of(GPUs) longer than a mean GPU's (its communication does not).
+    # The slowest GPU gates each step: its compute (not its traffic) is slower by sigma x slowest_of
     compute = (*costs.per_slot_compute, *(sum(t.get(n, 0.0) for n in COMPUTE) for t in selective))
-    work = microbatches * sum(n * w for n, w in zip(slowest, compute, strict=True))
+    work = microbatches * sumprod(slowest, compute)
     step["straggler"] = k["gpu_speed_sigma"] * slowest_of(cluster.world_size) * work
     if m.cpu_offloading_num_layers > 0:  # per_slot[:2]: a dense and an MoE layer's seconds
         exposed = offload.exposed_seconds(cfg, cluster, derived, costs.per_slot[:2], k["host_link"])

@@ -61,7 +61,6 @@ from config.cost.steptime import (
 )
 from config.finalize import (
     Derived,
-    Partial,
     complete,
     finalize,
     padded_vocab_size,
@@ -195,22 +194,22 @@ class _FastDerived:
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
             self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
-        derived = complete(
-            Partial(
-                world_size=world,
-                model_parallel_size=shape.tp * shape.pp * shape.cp,
-                data_parallel_size=dp,
-                num_microbatches=gbs // (dp * mbs),
-                expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
-                expert_tensor_parallel_size=etp,
-                pipeline_chunks=chunks,
-                pipeline_layout=shape.layout,
-                decoder_layers_per_rank=per_rank,
-                preset=self.base.preset,
-                padded_vocab_size=padded_vocab_size(
-                    m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
-                ),
-            )
+        if self.base.preset is None:  # as complete(): no Derived without the precision's preset
+            return None, ()
+        derived = Derived(  # every value set here: complete()'s check of each field is not needed
+            world_size=world,
+            model_parallel_size=shape.tp * shape.pp * shape.cp,
+            data_parallel_size=dp,
+            num_microbatches=gbs // (dp * mbs),
+            expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
+            expert_tensor_parallel_size=etp,
+            pipeline_chunks=chunks,
+            pipeline_layout=shape.layout,
+            decoder_layers_per_rank=per_rank,
+            preset=self.base.preset,
+            padded_vocab_size=padded_vocab_size(
+                m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
+            ),
         )
         return derived, self.loads[key]
 
