@@ -22,7 +22,7 @@ from itertools import combinations
 from math import comb
 
 from config.lora import targets
-from config.schema import ModelConfig, TrainingConfig, is_gated, selective_modules
+from config.schema import ModelConfig, ParallelConfig, TrainingConfig, is_gated, selective_modules
 
 
 def head_dim(m: ModelConfig) -> int:
@@ -360,6 +360,12 @@ def lora_parameters(cfg: TrainingConfig, moe: bool) -> float:
             fan_in, fan_out = row[name]
             total += rank * fan_in / tp + fan_out * rank
     return total
+
+
+def local_experts(m: ModelConfig, par: ParallelConfig) -> int:
+    """The experts of each MoE layer one GPU holds: num_moe_experts over EP (0 without experts).
+    The one count of them the step-time model prices launches and host waits by."""
+    return (m.num_moe_experts or 0) // par.expert_model_parallel_size
 
 
 def host_waits(m: ModelConfig) -> bool:

@@ -265,7 +265,7 @@ def layer_costs(
         again["mla_up_proj"] = ({"gemm": up}, {"gemm": up})
     unpaired = 0.0  # seconds of the MoE exchange the alltoall overlap hides, per layer
     if m.num_moe_experts:
-        E, topk = m.num_moe_experts, m.moe_router_topk
+        E, topk, held = m.num_moe_experts, m.moe_router_topk, layers.local_experts(m, par)
         fe, fs = m.moe_ffn_hidden_size or m.ffn_hidden_size, m.moe_shared_expert_intermediate_size
         routed = tokens * topk * layers.expert_share(m)  # token copies the experts compute
         per_expert = routed * et * e / (t * E)  # rows of one local expert's GEMM
@@ -298,7 +298,7 @@ def layer_costs(
         # Transformer Engine's grouped GEMM launches one cuBLAS GEMM per local expert (its
         # multi-stream path, nvte_multi_tensor_gemm), six a layer: FC1 and FC2 forward, their data
         # and weight gradients; the fused grouped MLP one kernel for all the experts.
-        launches = 0 if m.moe_fused_grouped_mlp else 6 * E // e
+        launches = 0 if m.moe_fused_grouped_mlp else 6 * held
         launch = k["layer_overhead_s"] / KERNELS_PER_LAYER
         layer = {
             **dense,
@@ -307,7 +307,7 @@ def layer_costs(
             "ep": ep,
             "overhead": k["layer_overhead_s"]
             + launches * launch
-            + (k["alltoall_sync_s"] * (E // e) if layers.host_waits(m) else 0.0),
+            + (k["alltoall_sync_s"] * held if layers.host_waits(m) else 0.0),
         }
         # The experts' activation: read the FC1 output, write the FC2 input (BF16).
         act = 2 if is_gated(m) else 1
@@ -486,7 +486,7 @@ def predict(
     # receives to post, the schedule's host work): one layer per virtual stage is no free lunch.
     step["p2p"] += microbatches * vpp * k["stage_overhead_s"] if pp > 1 else 0.0
     if layers.host_waits(m) and vpp > 1:  # the interleaved schedule's chunks wait on the host
-        wait = k["chunk_wait_s"] * ((m.num_moe_experts or 0) // par.expert_model_parallel_size)
+        wait = k["chunk_wait_s"] * layers.local_experts(m, par)
         wait -= k["chunk_wait_hidden"] * costs.moe["gemm"]  # what the layer's GEMMs hide
         step["p2p"] += microbatches * vpp * max(0.0, wait)
     step["dp"], step["optimizer"] = dataparallel.seconds(

@@ -39,6 +39,7 @@ from bench.plan_calibration import (
     table_parts,
 )
 from bench.published_table import TABLE, load, newest, priced, split
+from config.cost import layers
 from config.cost import steptime as perf
 from config.cost.constants import A100_ERROR, HELD_OUT_ERROR
 
@@ -431,10 +432,13 @@ def test_interleaved_chunks_wait_on_the_dropless_alltoalls_host_syncs() -> None:
         runs["mb2602-qwen3235ba22b-b300-fp8mx-256"],
         runs["mb2602-qwen3235ba22b-b200-fp8mx-256"],
     )
-    priced = {r["run"].id: r for r in table(dict(perf.VALUES), [chunks, plain], ranked=False)}
-    assert priced[chunks.id]["predicted"] < priced[plain.id]["predicted"]
-    assert all(abs(r["error"]) <= 0.15 for r in priced.values())
+    for run in (chunks, plain):  # 128 experts over EP 8: the wait's count, as its launches'
+        cfg = priced(run)[0]
+        assert layers.local_experts(cfg.model, cfg.parallel) == 16
+    rows = {r["run"].id: r for r in table(dict(perf.VALUES), [chunks, plain], ranked=False)}
+    assert rows[chunks.id]["predicted"] < rows[plain.id]["predicted"]
+    assert all(abs(r["error"]) <= 0.15 for r in rows.values())
     no_wait = dict(perf.VALUES, chunk_wait_s=0.0)
     before = {r["run"].id: r for r in table(no_wait, [chunks, plain], ranked=False)}
     assert before[chunks.id]["predicted"] > 1.2 * before[plain.id]["predicted"]
-    assert before[plain.id]["predicted"] == priced[plain.id]["predicted"]
+    assert before[plain.id]["predicted"] == rows[plain.id]["predicted"]
