@@ -97,19 +97,22 @@ def evaluate(
         shapes = list(listed)[:TOP]
         rank = next((i for i, s in enumerate(shapes, 1) if s == run.layout[:5]), None)
         tied = next((i for i, s in enumerate(shapes, 1) if run.layout[:5] in listed[s]), None)
+        parallel = (*run.layout[:2], *run.layout[3:5])  # TP, PP, CP, EP: a group of the planner's
+        group = next((i for i, s in enumerate(shapes, 1) if (*s[:2], *s[3:]) == parallel), None)
         fifth = next((p for p in plans if _shape(p) == shapes[4]), None) if shapes[4:] else None
     else:
         rank = next((i for i, p in enumerate(plans, 1) if matches(run, p)), None)
         tied = next(
             (i for i, p in enumerate(plans, 1) if any(matches(run, t) for t in (p, *p.ties))), None
         )
-        fifth = plans[4] if plans[4:] else None
+        fifth, group = (plans[4] if plans[4:] else None), None
     return {
         "run": run,
         "predicted": step.tokens_per_s_per_gpu,
         "error": step.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu - 1,
         "rank": rank,
         "tied": tied,  # the rank where the layout is listed or one of a listed layout's ties
+        "group": group,  # where its TP, PP, CP and EP are listed, whatever the VPP and MBS
         "best": plans[0].shape.describe() if plans else "-",
         "first": _shape(plans[0]) if plans else None,  # (TP, PP, VPP, CP, EP)
         "first_speed": plans[0].step.tokens_per_s_per_gpu if plans else None,
@@ -126,8 +129,7 @@ def table(constants: dict[str, float], runs: list | None = None, ranked: bool = 
 
 
 def table_parts() -> tuple[list[TableRun], list[TableRun]]:
-    """bench/data/published_perf.csv's priced runs, newest per configuration: (calibration,
-    held out)."""
+    """The table's priced runs, newest per configuration: (calibration, held out)."""
     runs, _ = load_table()
     return split(newest(runs))
 
@@ -149,13 +151,9 @@ def megatron_lm_a100() -> list[TableRun]:
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
         order = sorted(range(len(v)), key=v.__getitem__)
-        out = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            out[i] = float(rank)
-        return out
+        return [float(order.index(i)) for i in range(len(v))]
 
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(xs)
+    rx, ry, n = ranks(xs), ranks(ys), len(xs)
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True)) / (n * (n * n - 1))
 
 
@@ -294,11 +292,13 @@ def summary(rows: list[dict]) -> dict[str, float]:
     ranked = [r for r in rows if r["ranked"]]
     top5 = sum(1 for r in ranked if r["rank"] is not None and r["rank"] <= 5)
     tied = sum(1 for r in ranked if not misses(r))
+    group = sum(1 for r in ranked if (r.get("group") or TOP + 1) <= 5)
     return {
         "runs": len(rows),
         **spread([abs(r["error"]) for r in rows]),
         "top5": top5 / len(ranked) if ranked else float("nan"),
         "top5_tied": tied / len(ranked) if ranked else float("nan"),
+        "top5_group": group / len(ranked) if ranked else float("nan"),
     }
 
 
@@ -365,15 +365,10 @@ def show_kinds(rows: list[dict]) -> None:
 def show_table(rows: list[dict]) -> None:
     _print_rows(sorted(rows, key=lambda r: r["run"].name), 40, gpus=True)
     s = summary(rows)
-    print(
-        f"{s['runs']} runs: median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, "
-        f"max {s['max']:.1%}; published layout in the top 5: "
-        + (
-            f"{s['top5']:.0%} (listed or tied: {s['top5_tied']:.0%})"
-            if s["top5"] == s["top5"]
-            else "not ranked"
-        )
-    )
+    ranks = "not ranked" if s["top5"] != s["top5"] else (
+        f"{s['top5']:.0%} (listed or tied: {s['top5_tied']:.0%}; its TP, PP, CP and EP: {s['top5_group']:.0%})")  # fmt: skip
+    print(f"{s['runs']} runs: median |error| {s['median']:.1%}, 90th percentile {s['p90']:.1%}, "
+          f"max {s['max']:.1%}; published layout in the top 5: {ranks}")  # fmt: skip
     show_kinds(rows)
 
 
