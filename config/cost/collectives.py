@@ -25,8 +25,9 @@ def ring(cluster: Cluster, group: int, stride: int, k: dict[str, float]) -> floa
 def _ring(
     cluster: Cluster, spec: GpuSpec, group: int, stride: int, nvlink: float, network: float
 ) -> float:
-    """ring() for the constants' two efficiencies, cached by the GPU kind's figures too (the
-    planner asks for a few groups thousands of times)."""
+    """ring() at the constants' two efficiencies, cached: the planner asks for a few groups
+    thousands of times. `spec`, the GPU kind's figures, is only part of the key (a test may
+    give a kind's name other figures)."""
     nvl = cluster.nvlink(group) * 1e9 * nvlink
     if not cluster.crosses(group * stride):
         return nvl
@@ -48,7 +49,7 @@ def ring_latency(cluster: Cluster, group: int, stride: int, k: dict[str, float])
 
 @lru_cache(maxsize=4096)
 def _domains(cluster: Cluster, spec: GpuSpec, group: int, stride: int) -> int:
-    """The NVLink domains `group` ranks `stride` apart span."""
+    """The NVLink domains `group` ranks `stride` apart span; cached as `_ring`."""
     return -(-group // members(cluster, group, stride))
 
 
