@@ -351,6 +351,8 @@ def why_unpriced(row: dict[str, str]) -> str | None:
         return "a proxy with fewer layers than the model"
     if "STARTUP" in row["notes"]:
         return "a mean over too few iterations: the first ones' start-up weighs in it"
+    if "REGRESSION" in row["notes"]:
+        return "a figure its source gives as a known regression (a library's bug), since fixed"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']}"
     if GPUS[SYSTEMS[row["system"]][0]].mxfp8 and release(row["software"]) < BLACKWELL_SINCE:
