@@ -65,7 +65,7 @@ def test_the_priced_runs_carry_the_corrected_layout(rows: dict[str, dict[str, st
 
 
 def test_every_priced_run_fits_its_gpus_by_the_memory_estimate() -> None:
-    """NVIDIA ran each of these layouts, so each fit its GPUs: a layout the memory estimate puts
+    """Each of these layouts ran (NVIDIA's runs, JSC's), so each fit its GPUs: one the estimate puts
     far over the GPU's memory is printed wrong (26.02.01's Llama 3 70B NVFP4 on GB300s as printed,
     TP 1 PP 1 without FSDP: 2.3x) or is the estimate's miss. Today's largest, 1.24x: GPT-OSS 120B
     BF16 on 64 H100s (25.11), printed at MBS 4 where its release's recipe (Megatron-Bridge v0.2.0
