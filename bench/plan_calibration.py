@@ -12,7 +12,9 @@ layout, its error, and where `recipes plan` ranks that layout.
     .venv/bin/python bench/plan_calibration.py --noise                # the table's own spread across
                                                      # releases of one configuration
 
---table also gives each part's dense and MoE runs apart (`show_kinds`), which way the planner's
+--table also gives each part's dense and MoE runs apart (`show_kinds`), how often NVIDIA's TP,
+PP, CP and EP are among the planner's five groups whatever the VPP and micro batch (`summary`'s
+top5_group), which way the planner's
 first layout differs where the published one is not in its five best (`missed`), how much faster
 the model prices its first and fifth there (`margins`), and the predicted gain of FP8 over BF16
 against NVIDIA's where one layout ran in both in one release (`precisions`).
