@@ -14,10 +14,10 @@ layout, its error, and where `recipes plan` ranks that layout.
 
 --table also gives each part's dense and MoE runs apart (`show_kinds`), how often NVIDIA's TP,
 PP, CP and EP are among the planner's five groups whatever the VPP and micro batch (`summary`'s
-top5_group), which way the planner's
-first layout differs where the published one is not in its five best (`missed`), how much faster
-the model prices its first and fifth there (`margins`), and the predicted gain of FP8 over BF16
-against NVIDIA's where one layout ran in both in one release (`precisions`).
+top5_group), which way the planner's first layout differs where the published one is not in its
+five best (`missed`), how much faster the model prices its first and fifth there (`margins`), and
+the predicted gain of FP8 over BF16 against NVIDIA's where one layout ran in both in one release
+(`precisions`).
 
 CONSTANTS in config/cost/constants.py: rates and bandwidths from the sources named there, the
 calibrated ones by hand, by small grids with --set and by --search (one constant at a time by 10%,
