@@ -28,6 +28,7 @@ TP = "parallel.tensor_model_parallel_size"
 CP = "parallel.context_parallel_size"
 EP = "parallel.expert_model_parallel_size"
 GROUPS = {TP: "TP", CP: "TP x CP", EP: "ETP x EP"}  # the field each warning names: its group
+TERMS = {TP: "tp", CP: "cp", EP: "ep"}  # its group's traffic, a term of StepTime
 
 
 def group_block(field: str, tp: int, cp: int, ep: int, etp: int) -> int:
@@ -51,7 +52,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
                 TP,
                 f"TP={tp} spans {where}: every layer's TP all-reduce/all-gather, forward and "
                 f"backward, crosses the inter-node network{_slower(cluster, tp, members(cluster, tp, 1))}"
-                f"{_cost(step, 'tp')}.",
+                f"{_cost(step, TERMS[TP])}.",
             )
         )
     elif cp > 1 and cluster.crosses(group_block(CP, tp, cp, ep, etp)):
@@ -60,7 +61,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
                 CP,
                 f"TP x CP = {tp} x {cp} spans {where}: the context-parallel exchange of keys and "
                 f"values, every layer, crosses the inter-node network{_slower(cluster, 2)}"
-                f"{_cost(step, 'cp')}. Published runs do this at long context (Llama 3.1 405B: "
+                f"{_cost(step, TERMS[CP])}. Published runs do this at long context (Llama 3.1 405B: "
                 "TP 8 x CP 2 over two nodes), where the ring exchange hides behind attention's "
                 "compute.",
             )
@@ -71,7 +72,7 @@ def topology(cfg: TrainingConfig, cluster: Cluster, d: Derived) -> list[Problem]
                 EP,
                 f"ETP x EP = {etp} x {ep} spans {where}: the MoE token alltoall, twice per MoE "
                 f"layer forward and backward, crosses the inter-node network{_slower(cluster, ep)}"
-                f"{_cost(step, 'ep')}. Published runs accept this for very wide models "
+                f"{_cost(step, TERMS[EP])}. Published runs accept this for very wide models "
                 "(DeepSeek-V3: EP 64 over InfiniBand) with the flex dispatcher, which sends a "
                 "token once per node (model.moe_token_dispatcher_type=flex, DeepEP or HybridEP "
                 "installed), and the alltoall overlapped "

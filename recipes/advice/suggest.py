@@ -6,7 +6,10 @@ give two answers to one question.
   the fewest nodes (twice as many, four times, ... 64 times) where one does, with `--nodes N`.
 - `keep_inside`: a topology warning (config/rules/topology.py: a TP, TP x CP or ETP x EP group
   that leaves its NVLink domain) completed with the planner's fastest layout that keeps the group
-  inside a domain, freeing the group's own fields if the command line pinned them.
+  inside a domain, freeing the group's own fields if the command line pinned them; or, where the
+  step-time model prices the group's traffic as hidden (Llama 3.1 405B's TP 8 x CP 2 ring
+  exchange, behind attention), with that: keeping the group inside cannot gain more than it
+  costs, and the search is not run.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from config.cost.steptime import predict
 from config.hardware import Cluster
 from config.problems import Problem
 from config.rules import derive
-from config.rules.topology import CP, EP, GROUPS, TP
+from config.rules.topology import CP, EP, GROUPS, TERMS, TP
 from config.schema import TrainingConfig
 from recipes.advice.plan import Plan, plan
 from recipes.advice.space import PAR
 
 GROWTH = (1, 2, 4, 8, 16, 32, 64)  # node counts tried, as multiples of the cluster's
+# A warned group's exposed traffic under this share of the step: keeping the group inside a
+# domain gains at most that, less than the model's error (config/cost/constants.py HELD_OUT_ERROR).
+HIDDEN = 0.01
 # The fields a layout that keeps a warned group inside may change, pinned or not.
 FREED = {TP: (TP,), CP: (CP,), EP: (EP, PAR + "expert_tensor_parallel_size")}
 
@@ -62,13 +68,21 @@ def keep_inside(
     """`warning` with the fastest layout that keeps its group inside an NVLink domain, sized and
     priced against the config's own step time; or that none fits."""
     group, domain = GROUPS[warning.field], cluster.domain
+    now = predict(cfg, cluster, derive(cfg, cluster))
+    exposed = now.terms[TERMS[warning.field]] if now else None
+    if now and exposed is not None and exposed < HIDDEN * now.seconds:
+        advice = (
+            f"Keeping {group} within a domain would save at most its {exposed:.2f} s exposed, "
+            f"under {HIDDEN:.0%} of the step: no layout suggested (`recipes plan` ranks every "
+            "layout by its whole step)."
+        )
+        return Problem(warning.field, f"{warning.message} {advice}")
     free = {k: v for k, v in (pinned or {}).items() if k not in FREED[warning.field]}
     plans, _ = plan(cfg, cluster, top=1, pinned=free, inside=warning.field, margin=margin)
     if not plans:
         advice = f"no layout that keeps {group} within {domain} GPUs fits (`recipes plan`)"
         return Problem(warning.field, f"{warning.message} {advice[0].upper()}{advice[1:]}.")
     best = plans[0]
-    now = predict(cfg, cluster, derive(cfg, cluster))
     speed = (
         f", predicted {best.step.seconds:.2f} s per step against {now.seconds:.2f} s "
         f"({best.step.seconds / now.seconds - 1:+.0%})"

@@ -101,9 +101,9 @@ def test_where_nothing_fits_check_grows_the_job_as_plan_on_more_nodes_does(
             Cluster(2, 8, "h100"),
             "parallel.expert_model_parallel_size",
         ),
-        (
+        (  # the all-gather of K and V, which no compute hides (the ring would: test below)
             "llama3_8b_pretrain",
-            ["parallel.tensor_model_parallel_size=4"],
+            ["parallel.tensor_model_parallel_size=4", "parallel.cp_comm_type=all_gather"],
             Cluster(2, 8, "h100", nvlink_domain=4),
             "parallel.context_parallel_size",
         ),
@@ -128,6 +128,33 @@ def test_the_topology_warnings_layout_is_one_plan_offers(
         )
     ]
     assert inside and suggested == inside[0].changes(cfg)
+
+
+def test_a_warned_group_whose_traffic_the_model_hides_gets_no_layout_nor_a_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Llama 3 8B at TP 4 x CP 2 across 4-GPU NVLink domains: the ring exchange of keys and
+    values hides behind attention (under 1% of the step exposed), so keeping TP x CP inside a
+    domain cannot gain more and `check` says so without the planner's search (as for Llama 3.1
+    405B's TP 8 x CP 2). With the all-gather exchange, which nothing hides, it gets its layout."""
+    import recipes.advice.suggest as suggest
+
+    cluster = Cluster(2, 8, "h100", nvlink_domain=4)
+
+    def searched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the planner searched")
+
+    _, cfg = resolve("llama3_8b_pretrain", ["parallel.tensor_model_parallel_size=4"])
+    with monkeypatch.context() as m:
+        m.setattr(suggest, "plan", searched)
+        (warning,) = check(cfg, cluster).warnings
+    assert warning.field == "parallel.context_parallel_size"
+    assert "exposed, under 1% of the step: no layout suggested" in warning.message
+    assert " within a domain: " not in warning.message
+    exchange = ["parallel.tensor_model_parallel_size=4", "parallel.cp_comm_type=all_gather"]
+    _, cfg = resolve("llama3_8b_pretrain", exchange)
+    (warning,) = check(cfg, cluster).warnings
+    assert " within a domain: " in warning.message
 
 
 def test_the_planner_never_offers_a_tp_group_that_check_warns_about() -> None:
