@@ -77,6 +77,7 @@ from recipes.advice.space import (
     Pins,
     Shape,
     apply,
+    least_recompute,
     offload_choices,
     recompute_choices,
     shapes,
@@ -264,8 +265,8 @@ def plan(
     )
     # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
     transformer_engine = te_layers(cfg, cluster)
+    recompute = least_recompute(cfg, pinned)  # the bound's: recompute only adds time
     for shape in shapes(cfg, cluster, pinned, inside):
-        recompute = recompute_choices(cfg, shape, pinned)[0]
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
             apply(work, shape, mbs, recompute, pins, shardings[0])

@@ -185,10 +185,18 @@ def shapes(
                                 yield shape
 
 
-def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
-    """(granularity, method, layers, modules) from the cheapest to the most memory-saving."""
+def least_recompute(cfg: TrainingConfig, pinned: dict) -> tuple:
+    """recompute_choices' first, whatever the layout: what the command line pinned, else none."""
     if any(key in pinned for key in RECOMPUTE_KEYS):
-        return [tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)]
+        return tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)
+    return (None, None, None, None, 0)
+
+
+def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
+    """(granularity, method, layers, modules, offloaded layers) from the cheapest to the most
+    memory-saving, least_recompute first."""
+    if any(key in pinned for key in RECOMPUTE_KEYS):
+        return [least_recompute(cfg, pinned)]
     m = cfg.model
     chunks = shape.pp * (shape.vpp or 1)
     per_chunk = -(-m.num_layers // chunks)
@@ -207,13 +215,12 @@ def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[t
     if mlps:
         selective.append(("selective", None, None, ",".join(light + mlps)))
     choices = [
-        (None, None, None, None),
         ("selective", None, None, None),
         *selective,
         *full,
         ("full", "uniform", 1, None),
     ]
-    return [(*choice, 0) for choice in choices]
+    return [least_recompute(cfg, pinned), *((*choice, 0) for choice in choices)]
 
 
 def offload_choices(
