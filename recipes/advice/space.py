@@ -185,9 +185,14 @@ def shapes(
                                 yield shape
 
 
+def _recompute_pinned(pinned: dict) -> bool:
+    """Whether the command line set a recompute or offloading field (then it is the only choice)."""
+    return any(key in pinned for key in RECOMPUTE_KEYS)
+
+
 def least_recompute(cfg: TrainingConfig, pinned: dict) -> tuple:
     """recompute_choices' first, whatever the layout: what the command line pinned, else none."""
-    if any(key in pinned for key in RECOMPUTE_KEYS):
+    if _recompute_pinned(pinned):
         return tuple(pinned.get(k, getattr(cfg.model, k.split(".")[1])) for k in RECOMPUTE_KEYS)
     return (None, None, None, None, 0)
 
@@ -195,7 +200,7 @@ def least_recompute(cfg: TrainingConfig, pinned: dict) -> tuple:
 def recompute_choices(cfg: TrainingConfig, shape: Shape, pinned: dict) -> list[tuple]:
     """(granularity, method, layers, modules, offloaded layers) from the cheapest to the most
     memory-saving, least_recompute first."""
-    if any(key in pinned for key in RECOMPUTE_KEYS):
+    if _recompute_pinned(pinned):
         return [least_recompute(cfg, pinned)]
     m = cfg.model
     chunks = shape.pp * (shape.vpp or 1)
@@ -230,6 +235,6 @@ def offload_choices(
     the fewest (the cheapest: each layer's copies add time or none): Megatron-Core offloads only
     at PP 1, with Transformer Engine's layers. None where the command line pins the recompute or
     the offloading (recompute_choices gives that one choice)."""
-    if shape.pp > 1 or not transformer_engine or any(key in pinned for key in RECOMPUTE_KEYS):
+    if shape.pp > 1 or not transformer_engine or _recompute_pinned(pinned):
         return []
     return [(None, None, None, None, n) for n in range(1, cfg.model.num_layers)]
