@@ -303,6 +303,31 @@ def walk(
             yield rank, stage, c, moe, recomputed
 
 
+@lru_cache(maxsize=4096)
+def rank_loads(
+    chunks: tuple[tuple[str, ...], ...],
+    pp: int,
+    first_moe: int,
+    num_layers: int,
+    recompute: tuple[str | None, str | None, int],
+) -> tuple[tuple[float, ...], ...]:
+    """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
+    dense selective, moe selective) layer counts, from the chunks and the recompute fields."""
+    loads = [[0.0] * 9 for _ in range(pp)]
+    selective = recompute[0] == "selective"
+    for rank, _, c, is_moe, full in walk(chunks, pp, first_moe, num_layers, recompute):
+        load = loads[rank]
+        if c == "E":
+            load[5] += 1
+        elif c == "L":
+            load[6] += 1
+        else:
+            load[(1 if is_moe else 0) + (2 if full else 0)] += 1
+            load[4] += c == "m"
+            load[8 if is_moe else 7] += selective
+    return tuple(tuple(load) for load in loads)
+
+
 @lru_cache(maxsize=256)
 def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
     """How many NVLink domains besides its own one token's top-k experts lie in, on average:

@@ -165,7 +165,7 @@ def shard_params(count: ParamCount, tp: int, experts_split: int) -> dict[str, fl
 
 def rank_params(p: dict[str, float], load: tuple[float, ...]) -> tuple[float, float]:
     """(dense, expert) parameters a pipeline rank holds: p from shard_params, load one of
-    config/cost/steptime.py rank_loads' slot counts."""
+    config/cost/layers.py rank_loads' slot counts."""
     dense, moe, dense_rc, moe_rc, mtp, emb, out, *_ = load
     moe_layers = moe + moe_rc
     held = (dense + dense_rc) * p["dense"] + moe_layers * p["moe"]

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
 from math import sumprod
 
 from config.cost import dataparallel, layers, offload
@@ -117,9 +116,8 @@ class LayerCosts:
     selective: dict[str, tuple[dict[str, float], dict[str, float]]] = dataclasses.field(
         default_factory=dict
     )
-    # Seconds one unit of each rank_loads slot adds (all terms): a rank's time is a dot product.
-    # The last two slots (selective recompute of a dense and an MoE layer) depend on the modules,
-    # so predict() prices them (selective_terms).
+    # Seconds one unit of each layers.rank_loads slot adds (all terms): a rank's time is a dot product
+    # (rank_seconds). The last two, selective recompute's, depend on the modules: not here.
     per_slot: tuple[float, ...] = ()
     per_slot_compute: tuple[float, ...] = ()  # the same, of the COMPUTE terms only
     # What the alltoall overlap hides of an MoE layer's exchange, per microbatch: exposed again
@@ -350,7 +348,7 @@ AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
 
 def _per_slot(costs: LayerCosts, names: tuple[str, ...] = TERMS) -> tuple[float, ...]:
-    """A rank's seconds per unit of each rank_loads slot but the selective ones, in `names`."""
+    """A rank's seconds per unit of each layers.rank_loads slot but the selective ones, in `names`."""
 
     def total(part: dict[str, float], again: bool = False) -> float:
         if again:
@@ -384,31 +382,6 @@ def selective_terms(costs: LayerCosts, modules: list[str]) -> tuple[dict, dict]:
     return out
 
 
-@lru_cache(maxsize=4096)
-def rank_loads(
-    chunks: tuple[tuple[str, ...], ...],
-    pp: int,
-    first_moe: int,
-    num_layers: int,
-    recompute: tuple[str | None, str | None, int],
-) -> tuple[tuple[float, ...], ...]:
-    """Per pipeline rank: (dense, moe, dense recomputed, moe recomputed, mtp, embedding, output,
-    dense selective, moe selective) layer counts, from the chunks and the recompute fields."""
-    loads = [[0.0] * 9 for _ in range(pp)]
-    selective = recompute[0] == "selective"
-    for rank, _, c, is_moe, full in layers.walk(chunks, pp, first_moe, num_layers, recompute):
-        load = loads[rank]
-        if c == "E":
-            load[5] += 1
-        elif c == "L":
-            load[6] += 1
-        else:
-            load[(1 if is_moe else 0) + (2 if full else 0)] += 1
-            load[4] += c == "m"
-            load[8 if is_moe else 7] += selective
-    return tuple(tuple(load) for load in loads)
-
-
 def _rank_terms(
     costs: LayerCosts, load: tuple[float, ...], selective: tuple[dict, dict]
 ) -> dict[str, float]:
@@ -424,6 +397,13 @@ def _rank_terms(
         terms[name] += (out + mtp) * costs.output.get(name, 0.0)
         terms[name] += dense_sel * again_dense.get(name, 0.0) + moe_sel * again_moe.get(name, 0.0)
     return terms
+
+
+def rank_seconds(costs: LayerCosts, loads: tuple, selective: tuple[dict, dict]) -> dict:
+    """Each distinct pipeline rank load's seconds per microbatch, its layers alone: a step is
+    never under microbatches x the largest (the planner's search orders layouts by it first)."""
+    weights = (*costs.per_slot, *(sum(t.values()) for t in selective))
+    return {load: sumprod(load, weights) for load in set(loads)}
 
 
 def predict(
@@ -450,10 +430,9 @@ def predict(
     if loads is None:
         recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
         first_moe = layers.first_moe_layer(m)
-        loads = rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
+        loads = layers.rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
     selective = selective_terms(costs, selective_modules(m))
-    weights = (*costs.per_slot, *(sum(t.values()) for t in selective))
-    totals = {load: sumprod(load, weights) for load in set(loads)}
+    totals = rank_seconds(costs, loads, selective)
     slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch
     mean = sum(map(totals.__getitem__, loads)) / pp
     if detail:

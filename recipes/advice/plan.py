@@ -18,9 +18,11 @@ plan of each TP, PP, CP, EP and ETP, and lists under it its ties: the other virt
 of that group that the published runs cannot order against it (config/cost/constants.py
 TIE_RANGE).
 
-Search is best-first: every layout and micro batch is first priced without recompute (a bound, as
-recompute only adds time); only the cheapest are then sized for memory and checked with the rules
-of `recipes check`, until the next bound cannot beat the K-th plan found. Nothing here imports
+Search is best-first: every layout and micro batch is bounded by its step without recompute (as
+recompute only adds time), and that bound by its slowest pipeline rank's layers alone, which costs
+next to nothing: a bound is priced only when its floor comes first, and only the cheapest bounds
+are then sized for memory and checked with the rules of `recipes check`, until the next bound
+cannot beat the K-th plan found. Nothing here imports
 torch: `plan` answers on a login node (bench/cli_latency.py times DeepSeek-V3 on 1024 GPUs).
 """
 
@@ -28,14 +30,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
-from config import layout as layouts
 from config.backend import te_layers
-from config.cost import layers
 from config.cost.constants import TIE_RANGE, VALUES
 from config.cost.memory import (
     GIB,
@@ -57,23 +58,23 @@ from config.cost.steptime import (
     StepTime,
     layer_costs,
     predict,
-    rank_loads,
+    rank_seconds,
+    selective_terms,
 )
 from config.finalize import (
     Derived,
     complete,
     finalize,
-    padded_vocab_size,
-    pipeline_chunks,
 )
 from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
-from config.schema import TrainingConfig
+from config.schema import TrainingConfig, selective_modules
 from recipes.advice.space import (
     NO_PINS,
     PAR,
     RECOMPUTE_KEYS,
+    FastDerived,
     Pins,
     Shape,
     apply,
@@ -157,64 +158,6 @@ def overrides(work: TrainingConfig) -> list[str]:
     return out
 
 
-class _FastDerived:
-    """finalize()'s values for the planner's candidates, from caches: pricing a candidate must
-    take microseconds (finalize re-checks every field's range, for a config nobody has checked).
-    None where finalize derives no complete `Derived` either."""
-
-    def __init__(self, work: TrainingConfig, cluster: Cluster) -> None:
-        self.work, self.cluster, self.base = work, cluster, finalize(work, cluster)
-        # Per (PP, VPP, layout): the chunks and the decoder layers of each pipeline rank.
-        self.chunks: dict[tuple, tuple[list[list[str]], list[int]] | None] = {}
-        self.loads: dict[tuple, tuple] = {}
-
-    def _split(self, shape: Shape) -> tuple[list[list[str]], list[int]] | None:
-        """The chunks of `work`'s pipeline and the decoder layers of each rank, as finalize()."""
-        chunks = pipeline_chunks(self.work)[0]
-        if not chunks or len(chunks) % shape.pp:
-            return None
-        return chunks, layouts.decoder_layers_per_rank(chunks, shape.pp)
-
-    def __call__(self, shape: Shape, mbs: int, recompute: tuple) -> tuple[Derived | None, tuple]:
-        m, world = self.work.model, self.cluster.world_size
-        where = (shape.pp, shape.vpp, shape.layout)
-        if where not in self.chunks:
-            self.chunks[where] = self._split(shape)
-        split = self.chunks[where]
-        dp = world // (shape.tp * shape.pp * shape.cp)
-        gbs = self.work.train.global_batch_size
-        if split is None or gbs % (dp * mbs):
-            return None, ()
-        chunks, per_rank = split
-        etp = shape.etp or shape.tp
-        if world % (etp * shape.ep * shape.pp):  # expert layers cannot regroup these ranks
-            return None, ()
-        key = (*where, recompute)
-        if key not in self.loads:
-            first = layers.first_moe_layer(m)
-            steps = (recompute[0], recompute[1], recompute[2] or 1)
-            chunk_tuple = tuple(map(tuple, chunks))
-            self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
-        if self.base.preset is None:  # as complete(): no Derived without the precision's preset
-            return None, ()
-        derived = Derived(  # every value set here: complete()'s check of each field is not needed
-            world_size=world,
-            model_parallel_size=shape.tp * shape.pp * shape.cp,
-            data_parallel_size=dp,
-            num_microbatches=gbs // (dp * mbs),
-            expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
-            expert_tensor_parallel_size=etp,
-            pipeline_chunks=chunks,
-            pipeline_layout=shape.layout,
-            decoder_layers_per_rank=per_rank,
-            preset=self.base.preset,
-            padded_vocab_size=padded_vocab_size(
-                m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
-            ),
-        )
-        return derived, self.loads[key]
-
-
 def plan(
     cfg: TrainingConfig,
     cluster: Cluster,
@@ -231,7 +174,6 @@ def plan(
     work = copy.deepcopy(cfg)
     if "optimizer.use_distributed_optimizer" not in pinned:  # Megatron-Core's shards Adam only
         work.optimizer.use_distributed_optimizer = cfg.optimizer.optimizer != "sgd"
-    bounds: list[tuple[float, int, Shape, int]] = []
     costs_cache: dict[tuple, LayerCosts] = {}
     counts: dict[int, ParamCount] = {}
 
@@ -256,7 +198,7 @@ def plan(
 
     mbs_choices = [pinned["train.micro_batch_size"]] if "train.micro_batch_size" in pinned else None
     limit = memory_limit_gib(cluster.spec.memory_gib, margin)
-    fast, static = _FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
+    fast, static = FastDerived(work, cluster), _StaticMemory(work, cluster, limit)
     fsdp_runs = _fsdp_runs(work, cluster)
     pins = Pins(
         pinned.get(PAR + "sequence_parallel"),
@@ -266,6 +208,31 @@ def plan(
     # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
     transformer_engine = te_layers(cfg, cluster)
     recompute = least_recompute(cfg, pinned)  # the bound's: recompute only adds time
+    floors: dict[tuple, float] = {}  # per layer costs and pipeline rank loads
+    exact: dict[int, float] = {}  # the bounds priced, by candidate
+
+    def floor(derived: Derived, loads: tuple) -> float:
+        """What a candidate's bound is never under: its microbatches on its slowest rank's layers
+        alone (nearly free, where the bound costs a whole prediction)."""
+        c = costs(derived)
+        if (key := (id(c), loads)) not in floors:
+            selective = selective_terms(c, selective_modules(work.model))
+            floors[key] = max(rank_seconds(c, loads, selective).values())
+        return derived.num_microbatches * floors[key]
+
+    def bound(index: int) -> float:
+        """Candidate `index`'s step seconds with the least recompute."""
+        if index not in exact:
+            shape, mbs = candidates[index]
+            apply(work, shape, mbs, recompute, pins, _shardings(shape, pinned, fsdp_runs)[0])
+            derived, loads = fast(shape, mbs, recompute)
+            d = cast(Derived, derived)  # a candidate's, never None
+            step = predict(work, cluster, d, costs=costs(d), loads=loads, detail=False)
+            exact[index] = cast(StepTime, step).seconds
+        return exact[index]
+
+    candidates: list[tuple[Shape, int]] = []
+    queue: list[tuple[float, int, bool]] = []  # (a floor, or the bound, candidate, bound?): a heap
     for shape in shapes(cfg, cluster, pinned, inside):
         shardings = _shardings(shape, pinned, fsdp_runs)
         for mbs in mbs_choices or MICRO_BATCHES:
@@ -275,16 +242,21 @@ def plan(
                 continue
             if static(shape, derived, loads, fsdp=shardings[-1]):
                 break  # weights and optimizer alone overflow: no micro batch or recompute helps
-            step = predict(work, cluster, derived, costs=costs(derived), loads=loads, detail=False)
-            if step is not None:
-                bounds.append((step.seconds, len(bounds), shape, mbs))
-    bounds.sort()
+            if cluster.spec.bf16_tflops:  # predict() prices nothing without a peak (the CPU)
+                queue.append((floor(derived, loads), len(candidates), False))
+                candidates.append((shape, mbs))
+    heapq.heapify(queue)
     found: dict[tuple, Plan] = {}  # the fastest plan of each (TP, PP, CP, EP, ETP)
     spread: dict[tuple, tuple[float, float]] = {}  # its seconds at the ends of TIE_RANGE
     kth = float("inf")  # the step time of the top-th plan found so far
-    for bound, _, shape, mbs in bounds:
-        if bound >= kth:
+    while queue:  # the candidates by bound, each bound priced once its floor comes first
+        value, index, priced = heapq.heappop(queue)
+        if value >= kth:
             break  # no plan left can beat the top ones: recompute only adds time
+        if not priced:
+            heapq.heappush(queue, (bound(index), index, True))
+            continue
+        shape, mbs = candidates[index]
         group = _group(shape)
         recomputes = recompute_choices(cfg, shape, pinned)
         offloads = offload_choices(cfg, shape, pinned, transformer_engine)
@@ -299,7 +271,7 @@ def plan(
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
                 if step is None or step.seconds >= beat:
-                    break  # more recompute is only slower (None: no GPU, never in `bounds`)
+                    break  # more recompute is only slower (None: no GPU, never a candidate)
                 if validate(work, cluster, derived):
                     continue  # a rule refuses this recompute (or the layout: then all of them)
                 found[group] = Plan(shape, overrides(work), step, memory)
@@ -317,7 +289,7 @@ def plan(
             return ()
         lo, hi = spread[_group(s)]
         out: dict[tuple, Plan] = {}
-        for shape, mbs in candidates.get(_group(s), ()):
+        for shape, mbs in groups.get(_group(s), ()):
             pipeline = (shape.vpp, shape.layout)
             if pipeline == (s.vpp, s.layout) or pipeline in out:
                 continue
@@ -342,11 +314,11 @@ def plan(
         return tuple(sorted(out.values(), key=lambda t: t.step.seconds))
 
     ranked = sorted(found.values(), key=lambda p: p.step.seconds)[:top]
-    candidates: dict[tuple, list[tuple[Shape, int]]] = {_group(p.shape): [] for p in ranked}
-    for _, _, shape, mbs in bounds:  # the ranked plans' groups, cheapest bound first
-        if (group := _group(shape)) in candidates:
-            candidates[group].append((shape, mbs))
-    return [dataclasses.replace(p, ties=ties(p)) for p in ranked], len(bounds)
+    groups: dict[tuple, list[tuple[Shape, int]]] = {_group(p.shape): [] for p in ranked}
+    ours = [i for i, (shape, _) in enumerate(candidates) if _group(shape) in groups]
+    for index in sorted(ours, key=lambda i: (bound(i), i)):  # cheapest bound first
+        groups[_group(candidates[index][0])].append(candidates[index])
+    return [dataclasses.replace(p, ties=ties(p)) for p in ranked], len(candidates)
 
 
 def _group(shape: Shape) -> tuple[int, int, int, int, int | None]:

@@ -1,7 +1,8 @@
 """The planner's search space: every parallel layout of a model on a cluster (TP, CP, PP with its
 virtual stages and pipeline layout, EP, ETP), and the recompute choices of each, from the
 cheapest to the most memory-saving, and at PP 1 the CPU activation offloading ones; `apply` sets
-a config to one of them. recipes/advice/plan.py prices them."""
+a config to one of them, and `FastDerived` gives a candidate finalize()'s values from caches.
+recipes/advice/plan.py prices them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from config import layout as layouts
+from config.cost import layers
+from config.cost.layers import rank_loads
+from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
 from config.hardware import Cluster
 from config.rules.model import cp_exchanges
 from config.rules.moe_overlap import layout_obstacles
@@ -238,3 +242,61 @@ def offload_choices(
     if shape.pp > 1 or not transformer_engine or _recompute_pinned(pinned):
         return []
     return [(None, None, None, None, n) for n in range(1, cfg.model.num_layers)]
+
+
+class FastDerived:
+    """finalize()'s values for the planner's candidates, from caches: pricing a candidate must
+    take microseconds (finalize re-checks every field's range, for a config nobody has checked).
+    None where finalize derives no complete `Derived` either."""
+
+    def __init__(self, work: TrainingConfig, cluster: Cluster) -> None:
+        self.work, self.cluster, self.base = work, cluster, finalize(work, cluster)
+        # Per (PP, VPP, layout): the chunks and the decoder layers of each pipeline rank.
+        self.chunks: dict[tuple, tuple[list[list[str]], list[int]] | None] = {}
+        self.loads: dict[tuple, tuple] = {}
+
+    def _split(self, shape: Shape) -> tuple[list[list[str]], list[int]] | None:
+        """The chunks of `work`'s pipeline and the decoder layers of each rank, as finalize()."""
+        chunks = pipeline_chunks(self.work)[0]
+        if not chunks or len(chunks) % shape.pp:
+            return None
+        return chunks, layouts.decoder_layers_per_rank(chunks, shape.pp)
+
+    def __call__(self, shape: Shape, mbs: int, recompute: tuple) -> tuple[Derived | None, tuple]:
+        m, world = self.work.model, self.cluster.world_size
+        where = (shape.pp, shape.vpp, shape.layout)
+        if where not in self.chunks:
+            self.chunks[where] = self._split(shape)
+        split = self.chunks[where]
+        dp = world // (shape.tp * shape.pp * shape.cp)
+        gbs = self.work.train.global_batch_size
+        if split is None or gbs % (dp * mbs):
+            return None, ()
+        chunks, per_rank = split
+        etp = shape.etp or shape.tp
+        if world % (etp * shape.ep * shape.pp):  # expert layers cannot regroup these ranks
+            return None, ()
+        key = (*where, recompute)
+        if key not in self.loads:
+            first = layers.first_moe_layer(m)
+            steps = (recompute[0], recompute[1], recompute[2] or 1)
+            chunk_tuple = tuple(map(tuple, chunks))
+            self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
+        if self.base.preset is None:  # as complete(): no Derived without the precision's preset
+            return None, ()
+        derived = Derived(  # every value set here: complete()'s check of each field is not needed
+            world_size=world,
+            model_parallel_size=shape.tp * shape.pp * shape.cp,
+            data_parallel_size=dp,
+            num_microbatches=gbs // (dp * mbs),
+            expert_data_parallel_size=world // (etp * shape.ep * shape.pp),
+            expert_tensor_parallel_size=etp,
+            pipeline_chunks=chunks,
+            pipeline_layout=shape.layout,
+            decoder_layers_per_rank=per_rank,
+            preset=self.base.preset,
+            padded_vocab_size=padded_vocab_size(
+                m.vocab_size, m.make_vocab_size_divisible_by, shape.tp
+            ),
+        )
+        return derived, self.loads[key]

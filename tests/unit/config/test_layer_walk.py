@@ -4,8 +4,7 @@ step-time model both price, so that a layer one counts is a layer the other time
 from __future__ import annotations
 
 from config import layout
-from config.cost.layers import walk
-from config.cost.steptime import rank_loads
+from config.cost.layers import rank_loads, walk
 
 
 def test_walk_gives_each_slot_its_rank_stage_kind_and_recompute() -> None:
