@@ -63,7 +63,6 @@ from config.cost.steptime import (
 )
 from config.finalize import (
     Derived,
-    complete,
     finalize,
 )
 from config.hardware import Cluster
@@ -265,9 +264,7 @@ def plan(
             _shardings(shape, pinned, fsdp_runs), (recomputes, offloads)
         ):
             beat = min(kth, found[group].step.seconds if group in found else kth)
-            fitting = _fitting(
-                work, cluster, shape, mbs, savers, margin, pins, fsdp, savers is offloads
-            )
+            fitting = _fitting(fast, shape, mbs, savers, margin, pins, fsdp, savers is offloads)
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
                 if step is None or step.seconds >= beat:
@@ -301,9 +298,7 @@ def plan(
                 _spread(work, cluster, derived, costs(derived), loads), lo, hi
             ):
                 continue  # not even without recompute
-            for derived, memory in _fitting(
-                work, cluster, shape, mbs, recomputes, margin, pins, fsdp
-            ):
+            for derived, memory in _fitting(fast, shape, mbs, recomputes, margin, pins, fsdp):
                 if not _beats(_spread(work, cluster, derived, costs(derived)), lo, hi):
                     break  # more recompute is only slower
                 if validate(work, cluster, derived):
@@ -364,8 +359,7 @@ def _shardings(shape: Shape, pinned: dict, fsdp_runs: bool) -> list[bool]:
 
 
 def _fitting(
-    work: TrainingConfig,
-    cluster: Cluster,
+    fast: FastDerived,
     shape: Shape,
     mbs: int,
     recomputes: list[tuple],
@@ -374,8 +368,8 @@ def _fitting(
     fsdp: bool = False,
     ordered: bool = False,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
-    """Leave `work` at each recompute that fits, from the cheapest, with its derived values and
-    memory (fitting as `recipes check` judges it, keeping `margin` of the memory free).
+    """Leave `fast.work` at each recompute that fits, from the cheapest, with its derived values
+    (`fast`'s) and memory (fitting as `recipes check` judges it, keeping `margin` of it free).
 
     The last of `recomputes` saves the most GPU memory, so when it does not fit the GPU nothing
     does; the others are tried in order (selective and block recompute do not save memory in a
@@ -383,10 +377,12 @@ def _fitting(
     memory (offloading more layers), so the first that fits the GPU is found by bisection, and
     the host's limit ends the list where it is passed."""
 
+    work, cluster = fast.work, fast.cluster
+
     def fitting(index: int, on_gpu: bool = False) -> tuple[Derived, MemoryEstimate] | None:
         """The recompute's derived values and memory if it fits (`on_gpu`: the GPU alone)."""
         apply(work, shape, mbs, recomputes[index], pins, fsdp)
-        derived = complete(finalize(work, cluster))
+        derived = fast(shape, mbs, recomputes[index])[0]
         if derived is None:
             return None
         memory = estimate_memory(work, cluster, derived)

@@ -196,7 +196,9 @@ def test_offloading_stops_where_the_host_is_full(monkeypatch: pytest.MonkeyPatch
     work = copy.deepcopy(cfg)
     found = [
         work.model.cpu_offloading_num_layers
-        for _ in _fitting(work, cluster, shape, 1, choices, MEMORY_MARGIN, ordered=True)
+        for _ in _fitting(
+            FastDerived(work, cluster), shape, 1, choices, MEMORY_MARGIN, ordered=True
+        )
     ]
     assert found == fitting
 
@@ -280,18 +282,22 @@ def test_enumeration_covers_every_layout_check_accepts() -> None:
 def test_the_planner_prices_each_candidate_with_finalizes_values(
     recipe: str, cluster: Cluster, pins: dict[str, object]
 ) -> None:
-    """The planner's cached copy of finalize (`FastDerived`) gives each candidate the `Derived`
-    that `complete(finalize(...))` gives it, or none where that gives none."""
+    """The planner's cached copy of finalize (`FastDerived`) gives each candidate, with each of
+    its recompute and offloading choices and shardings, the `Derived` that
+    `complete(finalize(...))` gives it, or none where that gives none."""
     _, cfg = resolve(recipe, [])
     work = copy.deepcopy(cfg)
     fast = FastDerived(work, cluster)
     priced = unpriced = 0
     for shape in shapes(cfg, cluster, pins):
-        recompute = recompute_choices(cfg, shape, pins)[0]
-        for mbs in MICRO_BATCHES:
-            apply(work, shape, mbs, recompute)
-            derived, _ = fast(shape, mbs, recompute)
-            assert derived == complete(finalize(work, cluster)), (shape, mbs)
+        offloads = offload_choices(cfg, shape, pins, True)
+        savers = recompute_choices(cfg, shape, pins) + offloads[:: max(1, len(offloads) // 3)]
+        for mbs, saver, fsdp in itertools.product(
+            MICRO_BATCHES, savers, _shardings(shape, {}, True)
+        ):
+            apply(work, shape, mbs, saver, fsdp=fsdp)
+            derived, _ = fast(shape, mbs, saver)
+            assert derived == complete(finalize(work, cluster)), (shape, mbs, saver, fsdp)
             priced, unpriced = priced + (derived is not None), unpriced + (derived is None)
     assert priced > 0 and (unpriced > 0 or not pins)
 
