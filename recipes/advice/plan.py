@@ -211,13 +211,24 @@ def plan(
     exact: dict[int, float] = {}  # the bounds priced, by candidate
 
     def floor(derived: Derived, loads: tuple) -> float:
-        """What a candidate's bound is never under: its microbatches on its slowest rank's layers
-        alone (nearly free, where the bound costs a whole prediction)."""
-        c = costs(derived)
-        if (key := (id(c), loads)) not in floors:
-            selective = selective_terms(c, selective_modules(work.model))
-            floors[key] = max(rank_seconds(c, loads, selective).values())
+        """What `work`'s step is never under: its microbatches on its slowest rank's layers alone
+        (nearly free, where the step costs a whole prediction)."""
+        c, modules = costs(derived), selective_modules(work.model)
+        if (key := (id(c), loads, tuple(modules))) not in floors:
+            floors[key] = max(rank_seconds(c, loads, selective_terms(c, modules)).values())
         return derived.num_microbatches * floors[key]
+
+    def tried(ladder: list[tuple], shape: Shape, mbs: int, fsdp: bool, beat: float) -> int:
+        """How many of a recompute `ladder` can beat `beat`: none from the first on whose floor
+        and every later one's is `beat` or over (with a rounding's room: floors add up otherwise)."""
+        count = len(ladder)
+        for index in range(len(ladder) - 1, -1, -1):
+            apply(work, shape, mbs, ladder[index], pins, fsdp)
+            derived, loads = fast(shape, mbs, ladder[index])
+            if derived is not None and floor(derived, loads) < beat * (1 + 1e-9):
+                break
+            count = index
+        return count
 
     def bound(index: int) -> float:
         """Candidate `index`'s step seconds with the least recompute."""
@@ -264,7 +275,9 @@ def plan(
             _shardings(shape, pinned, fsdp_runs), (recomputes, offloads)
         ):
             beat = min(kth, found[group].step.seconds if group in found else kth)
-            fitting = _fitting(fast, shape, mbs, savers, margin, pins, fsdp, savers is offloads)
+            ordered = savers is offloads  # (their floors are one: offloading is not in it)
+            count = len(savers) if ordered else tried(savers, shape, mbs, fsdp, beat)
+            fitting = _fitting(fast, shape, mbs, savers, margin, pins, fsdp, ordered, count)
             for derived, memory in fitting:
                 step = predict(work, cluster, derived, costs=costs(derived))
                 if step is None or step.seconds >= beat:
@@ -367,6 +380,7 @@ def _fitting(
     pins: Pins = NO_PINS,
     fsdp: bool = False,
     ordered: bool = False,
+    count: int | None = None,
 ) -> Iterator[tuple[Derived, MemoryEstimate]]:
     """Leave `fast.work` at each recompute that fits, from the cheapest, with its derived values
     (`fast`'s) and memory (fitting as `recipes check` judges it, keeping `margin` of it free).
@@ -375,7 +389,8 @@ def _fitting(
     does; the others are tried in order (selective and block recompute do not save memory in a
     fixed order). `ordered`: each saves more GPU memory than the one before and pins more host
     memory (offloading more layers), so the first that fits the GPU is found by bisection, and
-    the host's limit ends the list where it is passed."""
+    the host's limit ends the list where it is passed. `count`: try only the first `count` (the
+    planner knows that none after them can beat the plans it has)."""
 
     work, cluster = fast.work, fast.cluster
 
@@ -392,13 +407,14 @@ def _fitting(
             ok = fits_memory(memory, cluster.spec, margin)
         return (derived, memory) if ok else None
 
-    if not recomputes or fitting(len(recomputes) - 1, on_gpu=ordered) is None:
+    count = len(recomputes) if count is None else count
+    if not count or fitting(len(recomputes) - 1, on_gpu=ordered) is None:
         return
     first, last = 0, len(recomputes) - 1  # the first that fits the GPU is in [first, last]
     while ordered and first < last:
         middle = (first + last) // 2
         first, last = (first, middle) if fitting(middle, on_gpu=True) else (middle + 1, last)
-    for index in range(first, len(recomputes)):
+    for index in range(first, count):
         chosen = fitting(index)
         if chosen:
             yield chosen
