@@ -8,7 +8,6 @@ layout, its error, and where `recipes plan` ranks that layout.
                                                      # calibration and held-out parts, ranked
     .venv/bin/python bench/plan_calibration.py --table --search --only gemm_fp8_blackwell,gemm_fp4
                                                      # fit the named constants on calibration only
-    .venv/bin/python bench/plan_calibration.py --speed                # DeepSeek-V3's 1,024-GPU search
     .venv/bin/python bench/plan_calibration.py --noise                # the table's own spread across
                                                      # releases of one configuration
 
@@ -404,28 +403,11 @@ def search(
     return best
 
 
-def speed(recipe: str = "deepseek_v3_pretrain_1024gpu_h100_fp8sc", repeat: int = 5) -> dict:
-    """The layout search's seconds (best of `repeat`, one process, one core) and layouts priced
-    per second, for the issue's case: DeepSeek-V3 on 1,024 GPUs."""
-    import time
-
-    recipe_obj, cfg = resolve(recipe, [])
-    cluster = job_cluster(recipe_obj.cluster, None, None)
-    best, priced = float("inf"), 0
-    for _ in range(repeat):
-        start = time.process_time()
-        _, priced = plan(cfg, cluster, top=5)
-        best = min(best, time.process_time() - start)
-    return {"recipe": recipe, "gpus": cluster.world_size, "seconds": best, "priced": priced,
-            "per_second": priced / best}  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", help="name,name: the constants --search may move (default: all)")
-    parser.add_argument("--speed", action="store_true", help="time DeepSeek-V3's 1,024-GPU search")
     parser.add_argument("--set", nargs="*", default=[], help="name=value: try other constants")
     parser.add_argument(
         "--compare",
@@ -436,13 +418,6 @@ def main() -> None:
     args = parser.parse_args()
     constants = dict(perf.VALUES)
     constants.update({k: float(v) for k, v in (item.split("=") for item in args.set)})
-    if args.speed:
-        r = speed()
-        print(
-            f"{r['recipe']} on {r['gpus']} GPUs: {r['priced']} layouts priced in {r['seconds']:.3f} "
-            f"CPU-s ({r['per_second']:,.0f} layouts per second on one core)"
-        )
-        return
     if args.noise:
         pairs = release_noise(load_table()[0])
         changes = [c for c, _, _ in pairs]
