@@ -116,8 +116,8 @@ class LayerCosts:
     selective: dict[str, tuple[dict[str, float], dict[str, float]]] = dataclasses.field(
         default_factory=dict
     )
-    # Seconds one unit of each layers.rank_loads slot adds (all terms): a rank's time is a dot product
-    # (rank_seconds). The last two, selective recompute's, depend on the modules: not here.
+    # Seconds one unit of each layers.rank_loads slot adds (all terms): a rank's time is a dot
+    # product (rank_seconds). The last two, selective recompute's, depend on the modules.
     per_slot: tuple[float, ...] = ()
     per_slot_compute: tuple[float, ...] = ()  # the same, of the COMPUTE terms only
     # What the alltoall overlap hides of an MoE layer's exchange, per microbatch: exposed again
@@ -348,7 +348,7 @@ AGAIN = {"tp": 0.5, "ep": 0.5, "overhead": 0.5, "cp": 0.0}
 
 
 def _per_slot(costs: LayerCosts, names: tuple[str, ...] = TERMS) -> tuple[float, ...]:
-    """A rank's seconds per unit of each layers.rank_loads slot but the selective ones, in `names`."""
+    """A rank's seconds per unit of each rank_loads slot but the selective ones, in `names`."""
 
     def total(part: dict[str, float], again: bool = False) -> float:
         if again:

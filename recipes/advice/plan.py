@@ -22,8 +22,9 @@ Search is best-first: every layout and micro batch is bounded by its step withou
 recompute only adds time), and that bound by its slowest pipeline rank's layers alone, which costs
 next to nothing: a bound is priced only when its floor comes first, and only the cheapest bounds
 are then sized for memory and checked with the rules of `recipes check`, until the next bound
-cannot beat the K-th plan found. Nothing here imports
-torch: `plan` answers on a login node (bench/cli_latency.py times DeepSeek-V3 on 1024 GPUs).
+cannot beat the K-th plan found; a recompute is sized only where its floor, or a costlier one's,
+could beat the plan to beat. Nothing here imports torch: `plan` answers on a login node
+(bench/cli_latency.py times the commands, bench/plan_speed.py the search).
 """
 
 from __future__ import annotations
@@ -61,10 +62,7 @@ from config.cost.steptime import (
     rank_seconds,
     selective_terms,
 )
-from config.finalize import (
-    Derived,
-    finalize,
-)
+from config.finalize import Derived, finalize
 from config.hardware import Cluster
 from config.rules import validate
 from config.rules.fsdp import fsdp as fsdp_rule
@@ -207,7 +205,7 @@ def plan(
     # CPU activation offloading is Transformer Engine's (config/rules/model.py `_offloading`).
     transformer_engine = te_layers(cfg, cluster)
     recompute = least_recompute(cfg, pinned)  # the bound's: recompute only adds time
-    floors: dict[tuple, float] = {}  # per layer costs and pipeline rank loads
+    floors: dict[tuple, float] = {}  # per layer costs, rank loads and selective modules
     exact: dict[int, float] = {}  # the bounds priced, by candidate
 
     def floor(derived: Derived, loads: tuple) -> float:
@@ -219,8 +217,8 @@ def plan(
         return derived.num_microbatches * floors[key]
 
     def tried(ladder: list[tuple], shape: Shape, mbs: int, fsdp: bool, beat: float) -> int:
-        """How many of a recompute `ladder` can beat `beat`: none from the first on whose floor
-        and every later one's is `beat` or over (with a rounding's room: floors add up otherwise)."""
+        """How many of a recompute `ladder` can beat `beat`: none from the first on whose floor and
+        every later one's is `beat` or over (with a rounding's room: floors add up otherwise)."""
         count = len(ladder)
         for index in range(len(ladder) - 1, -1, -1):
             apply(work, shape, mbs, ladder[index], pins, fsdp)
