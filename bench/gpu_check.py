@@ -75,6 +75,15 @@ STEPS = [
         + ["--seq", "128", "--heads", "4", "--groups", "2", "--head-dim", "16", "--iters", "2"]
         + ["--layers", "2", "--step-s", "{proxy_step_s}"],
     ),
+    # An MoE layer's expert GEMMs in BF16 and FP8 against the rates the step-time model prices.
+    Step(
+        "expert_gemm",
+        40,
+        [PY, "bench/gpu_expert_gemm.py", "--json", "{out}/result.json"],
+        [PY, "bench/gpu_expert_gemm.py", "--device", "cpu", "--gpu", "h100", "--tokens", "16"]
+        + ["--scale", "16", "--local", "1", "--warmup", "0", "--iters", "1"]
+        + ["--json", "{out}/result.json"],
+    ),
     # The step-time model against the proxy and attention just measured (CPU only, seconds).
     Step("calibrate", 30, *[CALIBRATE] * 2),
     Step(

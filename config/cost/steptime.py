@@ -148,6 +148,15 @@ def constant(name: str, spec: GpuSpec) -> str:
     return own if spec.mxfp8 and own in CONSTANTS else name
 
 
+def gemm_rate(
+    rate: float, rows: float, cols: float, depth: float, half: float, own: float
+) -> float:
+    """The TFLOPS a GEMM of rows x cols x depth reaches at its precision's `rate` (peak x
+    efficiency): each dimension narrower than a few tiles wastes them, `half` the one at which a
+    dimension alone halves the rate, `own` that of `cols` where it is an expert's width."""
+    return rate / (1 + half / rows + own / cols + half / depth)
+
+
 def layer_costs(
     cfg: TrainingConfig,
     cluster: Cluster,
@@ -168,7 +177,7 @@ def layer_costs(
 
     def gemm(flops: float, rows: float, cols: float, depth: float, rate: float, own=half) -> float:
         """Seconds of a GEMM; `own`: the half-rate dimension of `cols` (an expert's width)."""
-        return flops / (rate * 1e12 / (1 + half / rows + own / cols + half / depth))
+        return flops / gemm_rate(rate * 1e12, rows, cols, depth, half, own)
 
     # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
     ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
