@@ -82,6 +82,8 @@ def timed(run: Any, device: str, warmup: int, iters: int) -> float:
 
 
 def measure(m: ModelConfig, args: argparse.Namespace, spec: GpuSpec | None) -> dict[str, Any]:
+    """One model's expert GEMMs timed in BF16 and, where `spec` has FP8, in FP8, with the
+    fractions of `spec`'s peaks they reach and the model prices (none without a `spec`)."""
     import torch
 
     h, f, fc1 = shapes(m, args.scale)
