@@ -12,7 +12,6 @@ from typing import cast
 
 from config import layout as layouts
 from config.cost import layers
-from config.cost.layers import rank_loads
 from config.finalize import Derived, finalize, padded_vocab_size, pipeline_chunks
 from config.hardware import Cluster
 from config.rules.model import cp_exchanges
@@ -281,7 +280,7 @@ class FastDerived:
             first = layers.first_moe_layer(m)
             steps = (recompute[0], recompute[1], recompute[2] or 1)
             chunk_tuple = tuple(map(tuple, chunks))
-            self.loads[key] = rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
+            self.loads[key] = layers.rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
         if self.base.preset is None:  # as complete(): no Derived without the precision's preset
             return None, ()
         derived = Derived(  # every value set here: complete()'s check of each field is not needed
