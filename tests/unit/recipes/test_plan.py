@@ -430,8 +430,6 @@ def test_plan_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_lora_prices_frozen_weights_at_two_thirds_of_the_gemm_time() -> None:
     """No weight gradient for a frozen weight: 4 of the 6 FLOPs a trained one takes."""
-    from config.cost.steptime import layer_costs
-
     _, full = resolve("llama3_8b_sft", [])
     _, lora = resolve("llama3_8b_sft", ["peft.scheme=lora"])
     a = layer_costs(full, H100, derive(full, H100))
