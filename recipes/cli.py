@@ -295,7 +295,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError([("--top", f"is {args.top}; ask for at least one plan, e.g. --top 5")])
     margin = _margin(args)
     pins = pinned(cfg, args.overrides)
-    plans, priced = plan(cfg, cluster, top=args.top, pinned=pins, margin=margin)
+    plans, searched = plan(cfg, cluster, top=args.top, pinned=pins, margin=margin)
     if not plans:  # a problem no layout can fix (precision, model, data, a field the command
         # line pinned) is the checker's to name
         report = check(cfg, cluster, suggest_fixes=False, margin=margin)
@@ -315,7 +315,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         user = args.overrides
         print(
             render_plans(
-                cfg, cluster, plans, priced, args.recipe, user, args.profile, executor, margin
+                cfg, cluster, plans, searched, args.recipe, user, args.profile, executor, margin
             )
         )
     return 0 if plans else EXIT_NO_FIT

@@ -165,7 +165,8 @@ def plan(
     inside: str | None = None,
 ) -> tuple[list[Plan], int]:
     """The `top` fastest layouts that `check` accepts and predicts to fit, and how many layouts
-    (with micro batch sizes) were priced. `inside`: a field config/rules/topology.py warns about
+    (with micro batch sizes) were searched (each one's layers priced, its whole step only where
+    its floor could beat the plans). `inside`: a field config/rules/topology.py warns about
     (TP, CP for TP x CP, EP for ETP x EP): only layouts that keep its group in an NVLink domain."""
     pinned = pinned or {}
     work = copy.deepcopy(cfg)

@@ -78,7 +78,7 @@ def render(
     cfg: TrainingConfig,
     cluster: Cluster,
     plans: list[Plan],
-    priced: int,
+    searched: int,
     recipe_name: str,
     user: list[str],
     profile: str | None = None,
@@ -95,7 +95,7 @@ def render(
         f"batch    global {cfg.train.global_batch_size}, seq {cfg.model.seq_length}, "
         f"precision {cfg.precision}",
         f"memory   {limit_text(cluster.spec.memory_gib, margin)} per GPU",
-        f"priced   {priced} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
+        f"searched {searched} layouts x micro batch sizes; the {len(plans)} fastest that fit:",
         "",
     ]
     rows = [(p, p.field("train.micro_batch_size"), memory_saver(p)) for p in plans]
