@@ -328,6 +328,17 @@ def rank_loads(
     return tuple(tuple(load) for load in loads)
 
 
+def model_rank_loads(
+    model: ModelConfig, chunks: Sequence[Sequence[str]], pp: int, recompute: tuple
+) -> tuple[tuple[float, ...], ...]:
+    """rank_loads for `model` split into `chunks` over `pp` ranks, with `recompute` its
+    (granularity, method, number of layers) fields as the config holds them (None layers: 1)."""
+    granularity, method, count = recompute
+    steps = (granularity, method, count or 1)
+    walked = tuple(map(tuple, chunks))
+    return rank_loads(walked, pp, first_moe_layer(model), model.num_layers, steps)
+
+
 @lru_cache(maxsize=256)
 def remote_domains(experts: int, topk: int, groups: int, group_topk: int, domains: int) -> float:
     """How many NVLink domains besides its own one token's top-k experts lie in, on average:

@@ -437,9 +437,8 @@ def predict(
     pp = par.pipeline_model_parallel_size
     vpp = len(chunks) // pp
     if loads is None:
-        recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers or 1)
-        first_moe = layers.first_moe_layer(m)
-        loads = layers.rank_loads(tuple(map(tuple, chunks)), pp, first_moe, m.num_layers, recompute)
+        recompute = (m.recompute_granularity, m.recompute_method, m.recompute_num_layers)
+        loads = layers.model_rank_loads(m, chunks, pp, recompute)
     selective = selective_terms(costs, selective_modules(m))
     totals = rank_seconds(costs, loads, selective)
     slowest = max(totals, key=totals.__getitem__)  # the rank that gates every microbatch

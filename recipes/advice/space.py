@@ -277,10 +277,7 @@ class FastDerived:
             return None, ()
         key = (*where, recompute)
         if key not in self.loads:
-            first = layers.first_moe_layer(m)
-            steps = (recompute[0], recompute[1], recompute[2] or 1)
-            chunk_tuple = tuple(map(tuple, chunks))
-            self.loads[key] = layers.rank_loads(chunk_tuple, shape.pp, first, m.num_layers, steps)
+            self.loads[key] = layers.model_rank_loads(m, chunks, shape.pp, recompute[:3])
         if self.base.preset is None:  # as complete(): no Derived without the precision's preset
             return None, ()
         derived = Derived(  # every value set here: complete()'s check of each field is not needed
