@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.gpu_timing import median_seconds  # noqa: E402
 
 
 def init_single_process(device: str) -> None:
@@ -83,19 +83,13 @@ def time_module(module: Any, args: argparse.Namespace) -> float:
     v = torch.randn_like(k)
     for t in (q, k, v):
         t.requires_grad_(True)
-    times = []
-    for i in range(args.warmup + args.iters):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+
+    def step() -> None:
+        q.grad = k.grad = v.grad = None
         out = module(q, k, v, None)
         out.backward(torch.ones_like(out))
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-        q.grad = k.grad = v.grad = None
-    return statistics.median(times)
+
+    return median_seconds(step, device, args.warmup, args.iters)
 
 
 def agreement(pair: dict[str, Any], args: argparse.Namespace) -> float:

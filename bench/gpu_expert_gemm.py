@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gpu_timing import median_seconds  # noqa: E402
 from config.cost.constants import VALUES  # noqa: E402
 from config.cost.steptime import constant, gemm_rate  # noqa: E402
 from config.hardware import GPUS, GpuSpec, gpu_from_device_name  # noqa: E402
@@ -64,23 +63,6 @@ def modelled(spec: GpuSpec, tokens: int, h: int, f: int, precision: str) -> floa
     return gemm_rate(rate, tokens, f, h, half, own) if peak else 0.0
 
 
-def timed(run: Any, device: str, warmup: int, iters: int) -> float:
-    """Median seconds of `run()` after `warmup` calls."""
-    import torch
-
-    times = []
-    for i in range(warmup + iters):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(m: ModelConfig, args: argparse.Namespace, spec: GpuSpec | None) -> dict[str, Any]:
     """One model's expert GEMMs timed in BF16 and, where `spec` has FP8, in FP8, with the
     fractions of `spec`'s peaks they reach and the model prices (none without a `spec`)."""
@@ -101,7 +83,7 @@ def measure(m: ModelConfig, args: argparse.Namespace, spec: GpuSpec | None) -> d
             torch.matmul(mid[i], w2[i].t())
 
     out: dict[str, Any] = {"hidden": h, "expert_width": f, "tokens": t, "local_experts": n}
-    seconds = timed(bf16, dev, args.warmup, args.iters)
+    seconds = median_seconds(bf16, dev, args.warmup, args.iters)
     out["bf16"] = {"seconds": seconds, "tflops": flops / seconds / 1e12}
     if hasattr(torch, "_scaled_mm") and spec is not None and spec.fp8_tflops:
         e4m3 = torch.float8_e4m3fn
@@ -127,9 +109,9 @@ def measure(m: ModelConfig, args: argparse.Namespace, spec: GpuSpec | None) -> d
                 cast(x[i])
                 cast(mid[i])
 
-        seconds = timed(fp8, dev, args.warmup, args.iters)
+        seconds = median_seconds(fp8, dev, args.warmup, args.iters)
         out["fp8"] = {"seconds": seconds, "tflops": flops / seconds / 1e12}
-        out["fp8"]["eager_cast_seconds"] = timed(casts, dev, args.warmup, args.iters)
+        out["fp8"]["eager_cast_seconds"] = median_seconds(casts, dev, args.warmup, args.iters)
     if spec is not None:
         for precision in ("bf16", "fp8"):
             if precision in out:
