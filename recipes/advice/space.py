@@ -275,7 +275,7 @@ class FastDerived:
         etp = shape.etp or shape.tp
         if world % (etp * shape.ep * shape.pp):  # expert layers cannot regroup these ranks
             return None, ()
-        key = (*where, recompute)
+        key = (*where, recompute[:3])  # the loads depend on the recompute fields alone
         if key not in self.loads:
             self.loads[key] = layers.model_rank_loads(m, chunks, shape.pp, recompute[:3])
         if self.base.preset is None:  # as complete(): no Derived without the precision's preset
