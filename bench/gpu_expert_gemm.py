@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_timing import median_seconds  # noqa: E402
 from config.cost.constants import VALUES  # noqa: E402
-from config.cost.steptime import constant, gemm_rate  # noqa: E402
+from config.cost.steptime import constant, gemm_rate, large_gemm_tflops  # noqa: E402
 from config.hardware import GPUS, GpuSpec, gpu_from_device_name  # noqa: E402
 from config.schema import ModelConfig, is_gated  # noqa: E402
 from models.presets.deepseek import deepseek_v3  # noqa: E402
@@ -57,8 +57,7 @@ def modelled(spec: GpuSpec, tokens: int, h: int, f: int, precision: str) -> floa
     share the expert's width, and so the factor)."""
     k = VALUES
     peak = spec.bf16_tflops if precision == "bf16" else spec.fp8_tflops or 0.0
-    rate = k[constant("gemm_bf16" if precision == "bf16" else "gemm_fp8", spec)]
-    rate *= k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
+    rate = large_gemm_tflops(precision, spec, 1.0)  # a fraction of the peak
     half, own = k[constant("gemm_half_dim", spec)], k[constant("expert_half_dim", spec)]
     return gemm_rate(rate, tokens, f, h, half, own) if peak else 0.0
 

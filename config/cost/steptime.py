@@ -148,6 +148,13 @@ def constant(name: str, spec: GpuSpec) -> str:
     return own if spec.mxfp8 and own in CONSTANTS else name
 
 
+def large_gemm_tflops(kind: str, spec: GpuSpec, peak: float, k: dict[str, float] = VALUES) -> float:
+    """What large GEMMs of `kind` (gemm_peak's) reach of `peak`: the kind's fitted fraction, and
+    Blackwell Ultra's higher clocks, but for NVFP4, whose data-sheet peak is already 1.5x B200's."""
+    ultra = k["blackwell_ultra"] if spec.blackwell_ultra and kind != "fp4" else 1.0
+    return peak * k[constant("gemm_fp8" if kind == "mxfp8" else f"gemm_{kind}", spec)] * ultra
+
+
 def gemm_rate(
     rate: float, rows: float, cols: float, depth: float, half: float, own: float
 ) -> float:
@@ -179,11 +186,9 @@ def layer_costs(
         """Seconds of a GEMM; `own`: the half-rate dimension of `cols` (an expert's width)."""
         return flops / gemm_rate(rate * 1e12, rows, cols, depth, half, own)
 
-    # Blackwell Ultra's higher clocks, except NVFP4, whose data-sheet peak is already 1.5x B200's
+    rate = large_gemm_tflops(kind, spec, peak, k)
+    bf16 = large_gemm_tflops("bf16", spec, spec.bf16_tflops, k)
     ultra = k["blackwell_ultra"] if spec.blackwell_ultra else 1.0
-    fraction = k[constant("gemm_fp8" if kind == "mxfp8" else f"gemm_{kind}", spec)]
-    rate = peak * fraction * (ultra if kind != "fp4" else 1.0)
-    bf16 = spec.bf16_tflops * k[constant("gemm_bf16", spec)] * ultra
     # The output layer: Megatron-Core's plain (not Transformer Engine) BF16 GEMM of tokens x hidden
     # x vocabulary / TP, whatever the recipe, runs as large GEMMs do: gemm_bf16's fraction of the
     # peak on every GPU, not Blackwell's whole-layer gemm_bf16_blackwell (constants.py).
